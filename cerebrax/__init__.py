@@ -1,0 +1,49 @@
+"""cerebrax: the Cerebras PyTorch API (cstorch) on JAX.
+
+``import cerebrax as cstorch``, then port a cstorch training script: compile the model,
+build an optimizer and a scheduler, decorate the step with ``@cstorch.trace``, read
+values in step closures, save H5 checkpoints. The whole step runs as one ``jax.jit``
+program on a CPU, on an emulated wafer of devices, or on GPUs/TPUs.
+"""
+
+from . import _reset  # noqa: F401  (registers what cerebrax.reset() clears)
+from . import amp as amp
+from . import ckpt as ckpt
+from . import data as data
+from . import distributed as distributed
+from . import errors as errors
+from . import metrics as metrics
+from . import optim as optim
+from . import schedules as schedules
+from . import utils as utils
+from ._closures import checkpoint_closure as checkpoint_closure
+from ._closures import step_closure as step_closure
+from ._compile import CompiledModel as CompiledModel
+from ._compile import FunctionalModel as FunctionalModel
+from ._compile import ModelAdapter as ModelAdapter
+from ._compile import compile as compile  # noqa: A004
+from ._compile import register_model_adapter as register_model_adapter
+from ._state import Parameter as Parameter
+from ._version import __version__ as __version__
+from .amp import set_half_dtype as set_half_dtype
+from .backend import Backend as Backend
+from .backend import backend as backend
+from .backend import configure as configure
+from .backend import current_backend as current_backend
+from .backend import reset as reset
+from .ckpt import load as load
+from .ckpt import save as save
+from .data import current_executor as current_executor
+from .errors import BackendError as BackendError
+from .errors import CerebraxError as CerebraxError
+from .errors import CheckpointError as CheckpointError
+from .errors import ConfigError as ConfigError
+from .errors import RecompileError as RecompileError
+from .errors import StateError as StateError
+from .errors import TensorReadError as TensorReadError
+from .errors import UnsupportedOpError as UnsupportedOpError
+from .trace import DeferredValue as DeferredValue
+from .trace import TracedStep as TracedStep
+from .trace import backward as backward
+from .trace import compile_step as compile_step
+from .trace import trace as trace

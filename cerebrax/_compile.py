@@ -1,0 +1,408 @@
+"""``cstorch.compile``: wrap a model so that its state lives in registered slots.
+
+A compiled model owns its parameters (:class:`~cerebrax._state.Parameter`, one per
+state-dict name) and buffers. Calling it inside a traced step runs the model's pure
+apply function on the step's tracers; calling it outside a step runs a jitted forward
+on the current values. The kinds of models it accepts are adapters behind one seam,
+:class:`ModelAdapter`: :class:`FunctionalModel`, ``flax.nnx.Module``, and (through
+the torch bridge) ``torch.nn.Module``.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import inspect
+from typing import Any, Callable, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _state
+from .amp._precision import cast_floating, compute_dtype
+from .backend import _backend
+from .errors import ConfigError, StateError
+
+__all__ = ["CompiledModel", "FunctionalModel", "ModelAdapter", "compile",
+           "register_model_adapter"]
+
+IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+class ModelAdapter(abc.ABC):
+    """Turns one kind of model into flat named state and a pure apply function.
+
+    ``params`` and ``buffers`` map state-dict names (``"fc1.weight"``) to arrays.
+    ``apply`` runs the model on those dicts and returns ``(outputs, new_buffers)``.
+    """
+
+    needs_key: bool = False
+
+    @abc.abstractmethod
+    def params(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def buffers(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
+              train: bool, key: jax.Array | None) -> tuple[Any, dict]: ...
+
+    def parameter_aliases(self) -> dict[int, str]:
+        """``id(original parameter object) -> name``, for optimizers given those objects."""
+        return {}
+
+    def state_dict_order(self, params: list[str], buffers: list[str]) -> list[str]:
+        return params + buffers
+
+
+def _flatten_named(tree: Any) -> tuple[dict[str, Any], Any]:
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    named = {}
+    for path, leaf in pairs:
+        name = jax.tree_util.keystr(path, simple=True, separator=".")
+        named[name or "param"] = leaf
+    return named, treedef
+
+
+class FunctionalModel:
+    """A model given as a pure function and its parameters.
+
+    Args:
+      apply_fn: without buffers ``apply_fn(params, *inputs) -> outputs``; with buffers
+        ``apply_fn(params, buffers, *inputs) -> (outputs, new_buffers)``. If it takes a
+        keyword ``train`` it receives the model's mode; if it takes ``key`` it receives
+        a fresh PRNG key on every call (dropout and other random ops).
+      params: a pytree of arrays (nested dicts give dotted state-dict names).
+      buffers: a pytree of non-trainable arrays (e.g. BatchNorm statistics), or None.
+
+    Example:
+      >>> def apply(params, x):
+      ...     return x @ params["w"] + params["b"]
+      >>> model = FunctionalModel(apply, {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)})
+    """
+
+    def __init__(self, apply_fn: Callable[..., Any], params: Any, buffers: Any = None):
+        if not callable(apply_fn):
+            raise ConfigError(f"FunctionalModel(apply_fn=...) must be callable, got {apply_fn!r}.")
+        self.apply_fn = apply_fn
+        self.params = params
+        self.buffers = buffers
+
+
+class _FunctionalAdapter(ModelAdapter):
+    def __init__(self, model: FunctionalModel):
+        self.model = model
+        self._params, self._params_def = _flatten_named(model.params)
+        if model.buffers is None:
+            self._buffers, self._buffers_def = {}, None
+        else:
+            self._buffers, self._buffers_def = _flatten_named(model.buffers)
+        try:
+            accepted = inspect.signature(model.apply_fn).parameters
+        except (TypeError, ValueError):
+            accepted = {}
+        self._takes_train = "train" in accepted
+        self.needs_key = "key" in accepted
+
+    def params(self) -> dict[str, Any]:
+        return self._params
+
+    def buffers(self) -> dict[str, Any]:
+        return self._buffers
+
+    def apply(self, params, buffers, args, kwargs, *, train, key):
+        extra = dict(kwargs)
+        if self._takes_train:
+            extra["train"] = train
+        if self.needs_key:
+            extra["key"] = key
+        p = jax.tree.unflatten(self._params_def, list(params.values()))
+        if self._buffers_def is None:
+            return self.model.apply_fn(p, *args, **extra), {}
+        b = jax.tree.unflatten(self._buffers_def, list(buffers.values()))
+        out, new_b = self.model.apply_fn(p, b, *args, **extra)
+        new_named, new_def = _flatten_named(new_b)
+        if new_def != self._buffers_def:
+            raise StateError(
+                "FunctionalModel's apply_fn returned buffers with structure "
+                f"{new_def}, expected {self._buffers_def}."
+            )
+        return out, new_named
+
+
+class _NnxAdapter(ModelAdapter):
+    def __init__(self, module: Any):
+        from flax import nnx
+
+        self._nnx = nnx
+        was_training = _nnx_is_training(module)
+        module.train()
+        self._graph_train, params, rest = nnx.split(module, nnx.Param, ...)
+        module.eval()
+        self._graph_eval = nnx.split(module, nnx.Param, ...)[0]
+        module.train() if was_training else module.eval()
+        self._params, self._params_def = _flatten_named(params)
+        self._buffers, self._buffers_def = _flatten_named(rest)
+        self.initially_training = was_training
+
+    def params(self) -> dict[str, Any]:
+        return self._params
+
+    def buffers(self) -> dict[str, Any]:
+        return self._buffers
+
+    def apply(self, params, buffers, args, kwargs, *, train, key):
+        nnx = self._nnx
+        p = jax.tree.unflatten(self._params_def, list(params.values()))
+        b = jax.tree.unflatten(self._buffers_def, list(buffers.values()))
+        module = nnx.merge(self._graph_train if train else self._graph_eval, p, b)
+        out = module(*args, **kwargs)
+        _, _, new_b = nnx.split(module, nnx.Param, ...)
+        new_named, _ = _flatten_named(new_b)
+        return out, new_named
+
+
+def _nnx_is_training(module: Any) -> bool:
+    from flax import nnx
+
+    for _, node in nnx.iter_graph(module):
+        if hasattr(node, "deterministic") and node.deterministic is not None:
+            return not node.deterministic
+        if hasattr(node, "use_running_average") and node.use_running_average is not None:
+            return not node.use_running_average
+    return True
+
+
+def _is_nnx(model: Any) -> bool:
+    try:
+        from flax import nnx
+    except ImportError:  # pragma: no cover - flax is a dependency
+        return False
+    return isinstance(model, nnx.Module)
+
+
+def _is_torch_module(model: Any) -> bool:
+    return any(c.__module__.startswith("torch.nn") and c.__name__ == "Module"
+               for c in type(model).__mro__)
+
+
+def _torch_adapter(model: Any) -> ModelAdapter:
+    try:
+        import torch_bridge
+        factory = torch_bridge.model_adapter
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(
+            f"cstorch.compile() got a torch.nn.Module ({type(model).__name__}), which needs "
+            "the torch bridge (package `torch_bridge`, installed with the `torch` extra). "
+            "It is not available in this installation. Meanwhile wrap a JAX function with "
+            "cstorch.FunctionalModel or pass a flax.nnx.Module."
+        ) from e
+    return factory(model)
+
+
+_ADAPTERS: list[tuple[Callable[[Any], bool], Callable[[Any], ModelAdapter]]] = [
+    (lambda m: isinstance(m, FunctionalModel), _FunctionalAdapter),
+    (_is_nnx, _NnxAdapter),
+    (_is_torch_module, _torch_adapter),
+]
+
+
+def register_model_adapter(
+    predicate: Callable[[Any], bool], factory: Callable[[Any], ModelAdapter]
+) -> None:
+    """Teaches ``compile`` a new kind of model (checked before the built-in kinds)."""
+    _ADAPTERS.insert(0, (predicate, factory))
+
+
+# id(original parameter object, e.g. a torch nn.Parameter) -> compiled Parameter.
+_ALIASES: dict[int, _state.Parameter] = {}
+
+
+def resolve_parameter(obj: Any) -> _state.Parameter | None:
+    """The compiled parameter standing for ``obj`` (itself, or an aliased original)."""
+    if isinstance(obj, _state.Parameter):
+        return obj
+    return _ALIASES.get(id(obj))
+
+
+class CompiledModel:
+    """A model prepared for traced steps; returned by :func:`compile`.
+
+    It behaves like the module it wraps: call it on inputs, and use ``parameters()``,
+    ``named_parameters()``, ``state_dict()``, ``load_state_dict()``, ``train()`` and
+    ``eval()``. Its state lives in registered slots that traced steps update.
+    """
+
+    def __init__(self, model: Any, adapter: ModelAdapter, backend: _backend.Backend):
+        self.model = model
+        self.backend = backend
+        self._adapter = adapter
+        self._params = {
+            name: _state.Parameter(_place(v, backend), name=name, owner=self)
+            for name, v in adapter.params().items()
+        }
+        self._buffers = {
+            name: _state.StateRef(_place(v, backend), name=name)
+            for name, v in adapter.buffers().items()
+        }
+        self._rng = (
+            _state.StateRef(jax.random.key_data(jax.random.key(0)), name="model rng")
+            if adapter.needs_key else None
+        )
+        for ident, name in adapter.parameter_aliases().items():
+            _ALIASES[ident] = self._params[name]
+        self.training = getattr(adapter, "initially_training", True)
+        self._eager = {}
+
+    # ---- torch.nn.Module-like surface ---------------------------------------------------
+    def parameters(self) -> list[_state.Parameter]:
+        return list(self._params.values())
+
+    def named_parameters(self) -> Iterator[tuple[str, _state.Parameter]]:
+        return iter(self._params.items())
+
+    def buffers(self) -> list[_state.StateRef]:
+        return list(self._buffers.values())
+
+    def named_buffers(self) -> Iterator[tuple[str, _state.StateRef]]:
+        return iter(self._buffers.items())
+
+    def train(self, mode: bool = True) -> "CompiledModel":
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> "CompiledModel":
+        return self.train(False)
+
+    def _slots(self) -> dict[str, _state.StateRef]:
+        order = self._adapter.state_dict_order(list(self._params), list(self._buffers))
+        slots = {**self._params, **self._buffers}
+        return {name: slots[name] for name in order}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies (numpy) of every parameter and buffer, by state-dict name."""
+        # Host sync point: waits for the steps that produce these values.
+        return {name: np.array(ref.value) for name, ref in self._slots().items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True):
+        """Writes parameters and buffers from ``state_dict`` (shapes must match)."""
+        slots = self._slots()
+        missing = [k for k in slots if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in slots]
+        if strict and (missing or unexpected):
+            raise StateError(
+                "Error(s) in loading state_dict: "
+                + (f"missing keys {missing}" if missing else "")
+                + ("; " if missing and unexpected else "")
+                + (f"unexpected keys {unexpected}" if unexpected else "")
+                + ". Pass strict=False to load the keys that match."
+            )
+        for name, ref in slots.items():
+            if name not in state_dict:
+                continue
+            from ._interop import to_numpy
+
+            value = to_numpy(state_dict[name])
+            old = ref._value
+            if tuple(value.shape) != tuple(old.shape):
+                raise StateError(
+                    f"size mismatch for {name!r}: the checkpoint has shape "
+                    f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
+                )
+            ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype), self.backend.device)
+        return IncompatibleKeys(missing, unexpected)
+
+    # ---- calling ------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = _state.active_context()
+        if ctx is None:
+            return self._call_eagerly(args, kwargs)
+        ctx.note_model(self)
+        key = None
+        if self._rng is not None:
+            key, self._rng.value = jax.random.split(self._rng.value)
+        out, new_buffers = self._forward(
+            {n: p.value for n, p in self._params.items()},
+            {n: b.value for n, b in self._buffers.items()},
+            key, args, kwargs, self.training,
+        )
+        for name, value in new_buffers.items():
+            self._buffers[name].value = value
+        return out
+
+    def _forward(self, params, buffers, key, args, kwargs, train):
+        dtype = compute_dtype(self.backend)
+        if dtype is not None:
+            params, buffers = cast_floating(params, dtype), cast_floating(buffers, dtype)
+            args, kwargs = cast_floating((args, kwargs), dtype)
+        out, new_buffers = self._adapter.apply(params, buffers, args, kwargs, train=train, key=key)
+        if dtype is not None:
+            out = cast_floating(out, jnp.float32)
+            new_buffers = {
+                n: v.astype(self._buffers[n]._value.dtype) for n, v in new_buffers.items()
+            }
+        return out, new_buffers
+
+    def _call_eagerly(self, args: tuple, kwargs: dict) -> Any:
+        """A forward outside a traced step: a jitted call on the current values."""
+        train = self.training
+        fn = self._eager.get(train)
+        if fn is None:
+            fn = jax.jit(lambda p, b, k, a, kw: self._forward(p, b, k, a, kw, train))
+            self._eager[train] = fn
+        key = None
+        if self._rng is not None:
+            key, new = jax.random.split(self._rng.value)
+            self._rng.value = new
+        out, new_buffers = fn(
+            {n: p.value for n, p in self._params.items()},
+            {n: b.value for n, b in self._buffers.items()},
+            key, args, kwargs,
+        )
+        for name, value in new_buffers.items():
+            self._buffers[name].value = value
+        return out
+
+    def __repr__(self) -> str:
+        n = sum(int(np.prod(p.shape)) for p in self._params.values())
+        return (f"CompiledModel({type(self.model).__name__}, {len(self._params)} parameters, "
+                f"{n:,} values, backend={self.backend.backend_type})")
+
+
+def _place(value: Any, backend: _backend.Backend) -> jax.Array:
+    from ._interop import to_numpy
+
+    if not isinstance(value, jax.Array):
+        value = to_numpy(value)
+    return jax.device_put(value, backend.device)
+
+
+def compile(model: Any, backend: _backend.Backend | str | None = None) -> CompiledModel:  # noqa: A001
+    """Prepares ``model`` for traced steps on ``backend``.
+
+    Like ``torch.compile`` this compiles nothing yet: the step that uses the model is
+    compiled at its first call, once the input shapes are known.
+
+    Args:
+      model: a :class:`FunctionalModel`, a ``flax.nnx.Module``, or a ``torch.nn.Module``
+        (through the torch bridge).
+      backend: a :class:`~cerebrax.backend.Backend`; ``"CPU"``, ``"GPU"``, ``"CSX"``; or
+        ``"wse_ws"``, ``"wse_pipeline"``, ``"wse_replica"`` (CSX with that execution
+        mode). None uses the current backend, or creates a CPU one.
+
+    Returns:
+      A :class:`CompiledModel`.
+    """
+    resolved = _backend.get_or_create_backend(backend)
+    if isinstance(model, CompiledModel):
+        raise ConfigError("cstorch.compile() got a model that is already compiled.")
+    for predicate, factory in _ADAPTERS:
+        if predicate(model):
+            return CompiledModel(model, factory(model), resolved)
+    raise ConfigError(
+        f"cstorch.compile() does not know how to compile a {type(model).__name__}. "
+        "Pass a cstorch.FunctionalModel(apply_fn, params), a flax.nnx.Module or a "
+        "torch.nn.Module, or teach it with cerebrax.register_model_adapter()."
+    )

@@ -1,0 +1,256 @@
+"""Registered state: the mutable slots that a traced step threads through its program.
+
+Every stateful cerebrax object (a compiled model's parameters and buffers, an
+optimizer's state and hyperparameters, a scheduler's step counter, a grad scaler's
+loss scale, a metric's accumulators) keeps its values in :class:`StateRef` slots.
+Outside a traced step a slot holds concrete JAX arrays. Inside a traced step every
+read and write goes to the active trace context, which maps each slot to the tracer
+that currently stands for it; the step's program takes all slots in and gives all
+slots back, so imperative cstorch code becomes one pure function.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import StateError
+
+__all__ = ["Parameter", "StateRef", "live_refs"]
+
+
+class _Context(Protocol):
+    def read(self, ref: "StateRef") -> Any: ...
+    def write(self, ref: "StateRef", value: Any) -> None: ...
+
+
+# The innermost active trace context (set by cerebrax.trace), or None outside a step.
+_ACTIVE: list[_Context] = []
+# Hooks that guard reads outside a trace (installed by the closure queue).
+_READ_GUARDS: list[Callable[["StateRef"], None]] = []
+
+_IDS = itertools.count()
+_REGISTRY: "dict[int, weakref.ref[StateRef]]" = {}
+# Bumped by cerebrax.reset(): state of an older generation belongs to a dropped backend.
+_GENERATION = [0]
+
+MSG_STATE_IN_STEP = """\
+{what} was created inside a traced step. A traced step is captured once as a static
+graph, so all state (models, optimizers, schedulers, grad scalers, metrics) must
+exist before the step is first called.
+
+Wrong:
+    @cstorch.trace
+    def step(x):
+        metric = cstorch.metrics.AccuracyMetric("acc")   # created on every trace
+Right:
+    metric = cstorch.metrics.AccuracyMetric("acc")
+    @cstorch.trace
+    def step(x):
+        metric(labels, predictions)
+"""
+
+
+def active_context() -> _Context | None:
+    """The trace context of the step being traced, or None outside a traced step."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def as_state_leaf(x: Any) -> jax.Array:
+    """A fresh, strongly typed JAX array holding ``x``, owned by the state slot.
+
+    The slot must own its buffer: a traced step donates state buffers, which would
+    delete an array the caller still holds, or fail if two leaves shared a buffer.
+    Weakly typed scalars (``jnp.asarray(0.1)``) would change the program's input
+    signature once a step returns a strongly typed value, forcing a recompile.
+    """
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        dtype = jnp.bool_ if isinstance(x, bool) else (
+            jnp.int32 if isinstance(x, int) else jnp.float32
+        )
+        return jnp.array(x, dtype=dtype)
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(jnp.array(jax.random.key_data(x), copy=True),
+                                        impl=jax.random.key_impl(x))
+    arr = jnp.array(x, copy=True)
+    return jax.lax.convert_element_type(arr, arr.dtype) if arr.weak_type else arr
+
+
+def _same_structure(old: Any, new: Any) -> str | None:
+    """Describes how ``new`` differs from ``old`` in tree structure, shape or dtype."""
+    old_leaves, old_def = jax.tree.flatten(old)
+    new_leaves, new_def = jax.tree.flatten(new)
+    if old_def != new_def:
+        return f"tree structure {new_def} instead of {old_def}"
+    for a, b in zip(old_leaves, new_leaves):
+        if jnp.shape(a) != jnp.shape(b):
+            return f"shape {jnp.shape(b)} instead of {jnp.shape(a)}"
+        if jnp.result_type(a) != jnp.result_type(b):
+            return f"dtype {jnp.result_type(b)} instead of {jnp.result_type(a)}"
+    return None
+
+
+class StateRef:
+    """One named slot of registered state holding a pytree of JAX arrays.
+
+    Args:
+      value: the initial pytree (arrays or Python numbers).
+      name: a readable name used in error messages, e.g. ``"model.fc1.weight"``.
+      skippable: whether a step skipped by dynamic loss scaling restores this slot
+        (parameters, optimizer state, scheduler counters) or not (loss scale,
+        metric accumulators).
+    """
+
+    __slots__ = ("_value", "name", "skippable", "generation", "index", "__weakref__")
+
+    def __init__(self, value: Any, *, name: str, skippable: bool = False):
+        if active_context() is not None:
+            raise StateError(MSG_STATE_IN_STEP.format(what=f"State {name!r}"))
+        self._value = jax.tree.map(as_state_leaf, value)
+        self.name = name
+        self.skippable = skippable
+        self.generation = _GENERATION[0]
+        self.index = next(_IDS)
+        _REGISTRY[self.index] = weakref.ref(self)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    def check_generation(self) -> None:
+        if self.generation != _GENERATION[0]:
+            raise StateError(
+                f"{self.name!r} was created under a backend that has since been reset "
+                "by cerebrax.reset(). Create the model, optimizer, schedulers and metrics "
+                "again after the reset."
+            )
+
+    @property
+    def value(self) -> Any:
+        ctx = active_context()
+        if ctx is not None:
+            return ctx.read(self)
+        for guard in _READ_GUARDS:
+            guard(self)
+        return self._value
+
+    @value.setter
+    def value(self, new: Any) -> None:
+        ctx = active_context()
+        if ctx is not None:
+            ctx.write(self, new)
+            return
+        new = jax.tree.map(as_state_leaf, new)
+        problem = _same_structure(self._value, new)
+        if problem is not None:
+            raise StateError(
+                f"Cannot assign a value with {problem} to {self.name!r}: a compiled step "
+                "has a static graph, so state keeps its structure, shapes and dtypes."
+            )
+        self._value = new
+
+
+class Parameter(StateRef):
+    """A trainable array of a compiled model, addressed by its state-dict name.
+
+    Optimizers take lists of parameters (``compiled.parameters()``). Inside a traced
+    step ``p.value`` is the tracer of the parameter and ``p.grad`` its gradient once
+    the loss has been marked (``cstorch.backward(loss)``).
+    """
+
+    __slots__ = ("requires_grad", "owner")
+
+    def __init__(self, value: Any, *, name: str, requires_grad: bool = True, owner=None):
+        super().__init__(value, name=name, skippable=True)
+        self.requires_grad = requires_grad
+        self.owner = owner
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._value.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._value.dtype
+
+    @property
+    def data(self) -> jax.Array:
+        return self.value
+
+    @data.setter
+    def data(self, new: Any) -> None:
+        self.value = new
+
+    @property
+    def grad(self) -> jax.Array | None:
+        ctx = active_context()
+        if ctx is None:
+            return None
+        return ctx.grad(self)
+
+    @grad.setter
+    def grad(self, new: jax.Array | None) -> None:
+        ctx = active_context()
+        if ctx is None:
+            raise StateError(
+                f"Gradients of {self.name!r} exist only inside a traced step, after "
+                "cstorch.backward(loss)."
+            )
+        ctx.set_grad(self, new)
+
+    def __jax_array__(self) -> jax.Array:
+        return self.value
+
+
+def live_refs() -> list[StateRef]:
+    """Every registered slot that is still alive, in creation order."""
+    out = []
+    for index, wr in list(_REGISTRY.items()):
+        ref = wr()
+        if ref is None or ref.generation != _GENERATION[0]:
+            _REGISTRY.pop(index, None)
+        else:
+            out.append(ref)
+    return out
+
+
+def drop_all() -> None:
+    """Forgets every registered slot (used by ``cerebrax.reset``)."""
+    _REGISTRY.clear()
+    _OPTIMIZERS.clear()
+    _GENERATION[0] += 1
+
+
+# Optimizers register here so that a traced step knows what to differentiate.
+_OPTIMIZERS: "dict[int, weakref.ref[Any]]" = {}
+
+
+def register_optimizer(optimizer: Any) -> None:
+    """Records a live optimizer; its parameters are differentiated by traced steps."""
+    _OPTIMIZERS[next(_IDS)] = weakref.ref(optimizer)
+
+
+def optimized_parameters() -> list[Parameter]:
+    """The parameters that traced steps differentiate, in a stable order.
+
+    These are the parameters of every live optimizer's param groups with
+    ``requires_grad``; with no optimizer, every live trainable parameter (so that
+    ``cstorch.backward`` alone still yields gradients).
+    """
+    params: dict[Parameter, None] = {}
+    for key, wr in list(_OPTIMIZERS.items()):
+        opt = wr()
+        if opt is None or getattr(opt, "generation", -1) != _GENERATION[0]:
+            _OPTIMIZERS.pop(key, None)
+            continue
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    params[p] = None
+    if not _OPTIMIZERS:
+        params = {r: None for r in live_refs() if isinstance(r, Parameter) and r.requires_grad}
+    return list(params)

@@ -1,0 +1,352 @@
+"""The process-wide backend ("CPU", "GPU" or "CSX") and the run configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
+
+import jax
+
+from .. import _state
+from ..errors import BackendError, ConfigError
+from ._cluster import MODE_ALIASES, ClusterConfig
+
+__all__ = [
+    "Backend",
+    "RunConfig",
+    "backend",
+    "configure",
+    "current_backend",
+    "reset",
+    "run_config",
+]
+
+BACKEND_TYPES = ("CPU", "GPU", "CSX")
+
+_CURRENT: list["Backend"] = []
+_RUN_CONFIG: list["RunConfig"] = []
+
+MSG_SECOND_BACKEND = """\
+Cannot instantiate multiple backends: a {old} backend already exists in this process
+and a {new} backend was requested. cerebrax runs one backend per process.
+  - to get the existing backend, call cstorch.backend() with no arguments;
+  - to start over (tests, notebooks), call cstorch.reset() first, then create the
+    model, optimizer and schedulers again."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The fields of ``cstorch.configure`` (seed API), fixed once per process."""
+
+    model_dir: str = "./"
+    compile_dir: str | None = None
+    compile_only: bool = False
+    validate_only: bool = False
+    checkpoint_steps: int = 0
+    cluster_config: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
+
+
+class Backend:
+    """Where and how traced steps run. Create it with :func:`backend`.
+
+    Attributes:
+      backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"``.
+      device: the JAX device that holds state and runs steps.
+      cluster_config: the :class:`ClusterConfig` of a CSX backend, else None.
+      artifact_dir: where compile artifacts and executor logs are written.
+      compile_dir: where ``compile_only`` artifacts are written.
+      compile_only: lower and compile steps, write artifacts, run nothing.
+      validate_only: trace steps abstractly, compile and run nothing.
+      allow_recompile: let a step compile again for new input shapes (debugging).
+    """
+
+    def __init__(
+        self,
+        backend_type: str,
+        *,
+        artifact_dir: str | None = None,
+        compile_dir: str | None = None,
+        compile_only: bool = False,
+        validate_only: bool = False,
+        cluster_config: ClusterConfig | None = None,
+        allow_recompile: bool = False,
+        device: jax.Device | None = None,
+    ):
+        self.backend_type = backend_type
+        self.artifact_dir = os.path.abspath(artifact_dir or "./cerebras_logs")
+        self.compile_dir = os.path.abspath(
+            compile_dir or os.path.join(self.artifact_dir, "compile")
+        )
+        if compile_only and validate_only:
+            raise ConfigError(
+                "compile_only and validate_only are exclusive: validate_only traces "
+                "without compiling, compile_only compiles without running."
+            )
+        self.compile_only = bool(compile_only)
+        self.validate_only = bool(validate_only)
+        self.cluster_config = cluster_config
+        self.allow_recompile = bool(allow_recompile)
+        self.device = device if device is not None else _default_device(backend_type)
+        self.generation = _state._GENERATION[0]
+
+    @property
+    def is_csx(self) -> bool:
+        return self.backend_type == "CSX"
+
+    @property
+    def is_e2e_execution(self) -> bool:
+        """Whether steps run (False in compile-only and validate-only runs)."""
+        return not (self.compile_only or self.validate_only)
+
+    def __repr__(self) -> str:
+        return f"Backend({self.backend_type!r}, device={self.device})"
+
+
+def _default_device(backend_type: str) -> jax.Device:
+    if backend_type == "CPU":
+        return jax.devices("cpu")[0]
+    if backend_type == "GPU":
+        try:
+            return jax.devices("gpu")[0]
+        except RuntimeError as e:
+            raise ConfigError(
+                "backend('GPU') found no GPU visible to JAX. Install a CUDA build of "
+                "jaxlib, or use backend('CPU')."
+            ) from e
+    return jax.devices()[0]
+
+
+def _check_type(backend_type: Any) -> str:
+    if not isinstance(backend_type, str) or backend_type.upper() not in BACKEND_TYPES:
+        raise ConfigError(
+            f"Invalid Cerebras PyTorch backend type specified: {backend_type!r}. "
+            f"Expected one of {list(BACKEND_TYPES)} (case-insensitive)."
+        )
+    return backend_type.upper()
+
+
+def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backend | None:
+    """Creates the process's backend, or returns it when called with no arguments.
+
+    Args:
+      backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"`` (case-insensitive).
+      **kwargs: CPU: ``artifact_dir``, ``allow_recompile``. GPU: those plus
+        ``enable_distributed``, ``main_process_id``, ``dist_backend``,
+        ``init_method``, ``sync_batchnorm``. CSX: ``artifact_dir``, ``compile_dir``,
+        ``compile_only``, ``validate_only``, ``cluster_config``, ``allow_recompile``.
+
+    Returns:
+      The new :class:`Backend`; with no arguments the existing one, or None.
+
+    Example:
+      >>> import cerebrax as cstorch
+      >>> cstorch.reset()
+      >>> cstorch.backend("CPU").backend_type
+      'CPU'
+    """
+    if backend_type is None:
+        if args or kwargs:
+            raise BackendError(
+                "backend() got arguments but no backend type. Pass the type first: "
+                "cstorch.backend('CSX', cluster_config=...)."
+            )
+        return _CURRENT[0] if _CURRENT else None
+    if args:
+        raise ConfigError(
+            f"backend({backend_type!r}, ...) takes its options as keyword arguments, "
+            f"got {len(args)} positional argument(s)."
+        )
+    kind = _check_type(backend_type)
+    if _CURRENT:
+        raise BackendError(MSG_SECOND_BACKEND.format(old=_CURRENT[0].backend_type, new=kind))
+    options = _validate_options(kind, dict(kwargs))
+    new = Backend(kind, **options)
+    _CURRENT.append(new)
+    return new
+
+
+_COMMON = {"artifact_dir", "allow_recompile"}
+_ALLOWED = {
+    "CPU": _COMMON,
+    "GPU": _COMMON
+    | {"enable_distributed", "main_process_id", "dist_backend", "init_method", "sync_batchnorm"},
+    "CSX": _COMMON | {"compile_dir", "compile_only", "validate_only", "cluster_config"},
+}
+
+
+def _validate_options(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    if "mixed_precision" in options:
+        raise ConfigError(
+            f"backend({kind!r}) does not take mixed_precision. Use "
+            "cstorch.amp.set_half_dtype('float16' | 'bfloat16' | 'float32') instead."
+        )
+    unknown = sorted(set(options) - _ALLOWED[kind])
+    if unknown:
+        raise ConfigError(
+            f"backend({kind!r}) got unknown option(s) {unknown}. "
+            f"Allowed: {sorted(_ALLOWED[kind])}."
+        )
+    for gpu_only in ("enable_distributed", "main_process_id", "dist_backend",
+                     "init_method", "sync_batchnorm"):
+        if options.pop(gpu_only, None):
+            raise ConfigError(
+                f"backend('GPU', {gpu_only}=...) is not supported by cerebrax: a GPU run "
+                "uses one device; multi-device runs use the CSX backend's ClusterConfig."
+            )
+    if kind != "CSX":
+        return options
+    cluster = options.get("cluster_config")
+    if cluster is None:
+        cluster = run_config().cluster_config
+    elif not isinstance(cluster, ClusterConfig):
+        raise ConfigError(
+            "backend('CSX', cluster_config=...) expects a "
+            f"cstorch.distributed.ClusterConfig, got {type(cluster).__name__}."
+        )
+    options["cluster_config"] = cluster
+    config = run_config()
+    options.setdefault("compile_dir", config.compile_dir)
+    options["compile_only"] = options.get("compile_only") or config.compile_only
+    options["validate_only"] = options.get("validate_only") or config.validate_only
+    return options
+
+
+def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Backend | None:
+    """The active backend; raises (or returns None) when there is none."""
+    del raise_warning  # cstorch warns that this function is deprecated; cerebrax keeps it.
+    if _CURRENT:
+        return _CURRENT[0]
+    if raise_exception:
+        raise BackendError(
+            "No active Cerebras backend found. Create one with cstorch.backend('CPU') "
+            "or cstorch.backend('CSX', cluster_config=...), or pass a backend to "
+            "cstorch.compile(model, backend)."
+        )
+    return None
+
+
+def get_or_create_backend(spec: Backend | str | None) -> Backend:
+    """Resolves the ``backend`` argument of ``cstorch.compile``."""
+    if isinstance(spec, Backend):
+        if not _CURRENT or _CURRENT[0] is not spec:
+            raise BackendError(
+                "Compile got a different backend than the currently initialized backend. "
+                "Pass the backend returned by cstorch.backend(...), or pass nothing."
+            )
+        return spec
+    if spec is None:
+        return _CURRENT[0] if _CURRENT else backend("CPU")
+    if not isinstance(spec, str):
+        raise ConfigError(
+            f"compile(model, backend=...) expects a Backend or one of "
+            f"{list(BACKEND_TYPES) + list(MODE_ALIASES)}, got {type(spec).__name__}."
+        )
+    mode = MODE_ALIASES.get(spec.lower())
+    kind = "CSX" if mode else _check_type(spec)
+    if _CURRENT:
+        existing = _CURRENT[0]
+        if existing.backend_type != kind:
+            raise BackendError(
+                f"compile(model, {spec!r}) asks for a {kind} backend, but a "
+                f"{existing.backend_type} backend is active. Use one backend per process."
+            )
+        if mode and existing.cluster_config.execution_mode != mode:
+            raise BackendError(
+                f"compile(model, {spec!r}) asks for execution_mode={mode!r}, but the "
+                f"active CSX backend uses {existing.cluster_config.execution_mode!r}."
+            )
+        return existing
+    if mode:
+        cluster = dataclasses.replace(run_config().cluster_config, execution_mode=mode)
+        return backend("CSX", cluster_config=cluster)
+    return backend(kind)
+
+
+def configure(
+    model_dir: str = "./",
+    compile_dir: str | None = None,
+    compile_only: bool = False,
+    validate_only: bool = False,
+    checkpoint_steps: int = 0,
+    num_csx: int = 1,
+    max_wgt_servers: int = 24,
+    mount_dirs: Sequence[str] | None = None,
+    python_paths: Sequence[str] | None = None,
+    transfer_processes: int = 5,
+    num_workers_per_csx: int = 1,
+    job_labels: Sequence[str] | None = None,
+    max_act_per_csx: int = 1,
+) -> RunConfig:
+    """Configures the run once per process, before the model is created (seed API).
+
+    The cluster fields build the :class:`ClusterConfig` that a CSX backend created
+    later uses; ``checkpoint_steps`` is the default of every ``DataExecutor`` and of
+    iterating a ``DataLoader`` directly.
+    """
+    if _RUN_CONFIG:
+        raise BackendError(
+            "cstorch.configure() was already called in this process. It configures the "
+            "run once, globally; run a different configuration in a separate process "
+            "(or call cstorch.reset() first in tests and notebooks)."
+        )
+    if _CURRENT:
+        raise BackendError(
+            "cstorch.configure() must be called before the backend is created "
+            f"(a {_CURRENT[0].backend_type} backend exists already)."
+        )
+    if _state.live_refs():
+        raise BackendError(
+            "cstorch.configure() must be called before the model is instantiated: "
+            "move it to the top of the script, before building the model."
+        )
+    if isinstance(checkpoint_steps, bool) or not isinstance(checkpoint_steps, int) or (
+        checkpoint_steps < 0
+    ):
+        raise ConfigError(
+            f"configure(checkpoint_steps=...) must be an integer >= 0, got {checkpoint_steps!r}."
+        )
+    if compile_only and validate_only:
+        raise ConfigError("configure(): compile_only and validate_only are exclusive.")
+    cluster = ClusterConfig(
+        num_csx=num_csx,
+        max_wgt_servers=max_wgt_servers,
+        num_workers_per_csx=num_workers_per_csx,
+        max_act_per_csx=max_act_per_csx,
+        transfer_processes=transfer_processes,
+        mount_dirs=mount_dirs,
+        python_paths=python_paths,
+        job_labels=job_labels,
+    )
+    config = RunConfig(
+        model_dir=model_dir,
+        compile_dir=compile_dir,
+        compile_only=bool(compile_only),
+        validate_only=bool(validate_only),
+        checkpoint_steps=checkpoint_steps,
+        cluster_config=cluster,
+    )
+    _RUN_CONFIG.append(config)
+    return config
+
+
+def run_config() -> RunConfig:
+    """The configuration given to ``configure`` (defaults if it was not called)."""
+    return _RUN_CONFIG[0] if _RUN_CONFIG else RunConfig()
+
+
+_RESET_HOOKS: list = []
+
+
+def reset() -> None:
+    """Drops the backend, the configuration and all registered state.
+
+    For tests and notebooks: afterwards ``configure`` and ``backend`` may be called
+    again. Models, optimizers, schedulers and metrics created before the reset can
+    no longer be used; create them again.
+    """
+    for hook in _RESET_HOOKS:
+        hook()
+    _CURRENT.clear()
+    _RUN_CONFIG.clear()
+    _state.drop_all()

@@ -1,0 +1,106 @@
+"""``ClusterConfig``: the description of the (emulated) Cerebras cluster of a run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ..errors import ConfigError
+
+__all__ = ["ClusterConfig", "EXECUTION_MODES"]
+
+EXECUTION_MODES = ("weight_streaming", "pipeline", "replica")
+# The cstorch.compile backend strings that select an execution mode.
+MODE_ALIASES = {
+    "wse_ws": "weight_streaming",
+    "wse_pipeline": "pipeline",
+    "wse_replica": "replica",
+}
+
+
+def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(
+            f"ClusterConfig.{name} must be an integer >= {minimum}, got {value!r}."
+        )
+
+
+def _check_strings(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(
+        isinstance(v, str) for v in value
+    ):
+        raise ConfigError(
+            f"ClusterConfig.{name} must be a list of strings, got {value!r}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """The cluster a CSX run uses.
+
+    The fields are those of cstorch's ``ClusterConfig``. ``execution_mode`` and the
+    fields after it choose how the emulated wafer lays out the model over the JAX
+    devices: ``"weight_streaming"`` (the default: parameters sharded over
+    ``max_wgt_servers``), ``"pipeline"`` (``num_stages`` layer stages, micro-batches of
+    ``micro_batch_size``) or ``"replica"`` (``num_replicas`` data-parallel copies).
+    Until the wafer execution lands, a CSX run executes on one device; the
+    configuration is validated all the same.
+
+    Example:
+      >>> import cerebrax as cstorch
+      >>> cfg = cstorch.distributed.ClusterConfig(num_csx=1, num_workers_per_csx=2)
+      >>> cfg.execution_mode
+      'weight_streaming'
+    """
+
+    num_csx: int = 1
+    max_wgt_servers: int = 24
+    num_workers_per_csx: int = 1
+    max_act_per_csx: int = 1
+    transfer_processes: int = 5
+    mount_dirs: Sequence[str] | None = None
+    python_paths: Sequence[str] | None = None
+    job_labels: Sequence[str] | None = None
+    execution_mode: str = "weight_streaming"
+    num_stages: int | None = None
+    num_replicas: int | None = None
+    micro_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("num_csx", self.num_csx, 1)
+        _check_int("max_wgt_servers", self.max_wgt_servers, 1)
+        _check_int("num_workers_per_csx", self.num_workers_per_csx, 0)
+        _check_int("max_act_per_csx", self.max_act_per_csx, 1)
+        _check_int("transfer_processes", self.transfer_processes, 1)
+        for name in ("mount_dirs", "python_paths", "job_labels"):
+            _check_strings(name, getattr(self, name))
+        for label in self.job_labels or ():
+            if "=" not in label:
+                raise ConfigError(
+                    f"ClusterConfig.job_labels entries are 'key=value' strings; "
+                    f"{label!r} has no '='."
+                )
+        mode = MODE_ALIASES.get(self.execution_mode, self.execution_mode)
+        if mode not in EXECUTION_MODES:
+            raise ConfigError(
+                f"ClusterConfig.execution_mode must be one of {EXECUTION_MODES}, "
+                f"got {self.execution_mode!r}."
+            )
+        object.__setattr__(self, "execution_mode", mode)
+        _check_int("num_stages", self.num_stages, 1, optional=True)
+        _check_int("num_replicas", self.num_replicas, 1, optional=True)
+        _check_int("micro_batch_size", self.micro_batch_size, 1, optional=True)
+        if self.num_stages is not None and mode != "pipeline":
+            raise ConfigError(
+                f"ClusterConfig.num_stages={self.num_stages} only applies to "
+                f"execution_mode='pipeline', not {mode!r}."
+            )
+        if self.num_replicas is not None and mode != "replica":
+            raise ConfigError(
+                f"ClusterConfig.num_replicas={self.num_replicas} only applies to "
+                f"execution_mode='replica', not {mode!r}."
+            )

@@ -1,0 +1,170 @@
+"""``DataExecutor``: owns the step count, checkpoint steps and the closure queue."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from .. import _closures
+from ..backend import current_backend, run_config
+from ..errors import ConfigError, StateError
+from ._dataloader import DataLoader
+from ._progress import ProgressBar
+
+__all__ = ["DataExecutor", "current_executor", "current_executor_or_none"]
+
+_ACTIVE: list["DataExecutor"] = []
+
+
+def current_executor_or_none() -> "DataExecutor | None":
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def current_executor() -> "DataExecutor":
+    """The executor whose loop is running; raises when there is none."""
+    if not _ACTIVE:
+        raise StateError(
+            "Detected that a data executor was not used. Iterate over a "
+            "cstorch.utils.data.DataExecutor(dataloader, num_steps=...) to run steps."
+        )
+    return _ACTIVE[-1]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"DataExecutor({name}=...) must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+class DataExecutor:
+    """Runs a fixed number of steps over a :class:`DataLoader`.
+
+    Iterating the executor yields one batch per step. Around each step it runs the
+    queued step closures (one step behind, so the device never waits for the host),
+    drains the queue on checkpoint steps and on the final step (so checkpoint closures
+    see their own step's state), and draws a progress bar.
+
+    Args:
+      dataloader: a cstorch :class:`DataLoader`.
+      num_steps: steps to run; defaults to the loader's step count (1 in compile-only
+        and validate-only runs).
+      checkpoint_steps: ``k`` makes the 0-based steps ``k-1, 2k-1, ...`` and the final
+        step checkpoint steps; None takes ``cstorch.configure``'s value; 0 means only
+        the final step.
+      activation_steps: step closures run on steps ``s`` with ``(s + 1) % a == 0`` and
+        on the final step.
+      writer: a summary writer for ``summarize_scalar`` (kept for later use).
+      progress_bar: draw the progress bar; None draws it on a terminal.
+    """
+
+    def __init__(
+        self,
+        dataloader: DataLoader,
+        num_steps: int | None = None,
+        checkpoint_steps: int | None = None,
+        activation_steps: int = 1,
+        writer: Any = None,
+        *,
+        progress_bar: bool | None = None,
+    ):
+        if not isinstance(dataloader, DataLoader):
+            raise ConfigError(
+                "DataExecutor expects a cstorch.utils.data.DataLoader, got "
+                f"{type(dataloader).__name__}. Wrap the data: "
+                "cstorch.utils.data.DataLoader(input_fn, num_steps=...)."
+            )
+        self.dataloader = dataloader
+        backend = current_backend(raise_exception=False)
+        self._e2e = backend is None or backend.is_e2e_execution
+        if not self._e2e:
+            num_steps = 1
+        elif num_steps is None:
+            num_steps = dataloader.num_steps
+        self.num_steps = _check_int("num_steps", num_steps, 1)
+        if checkpoint_steps is None:
+            checkpoint_steps = run_config().checkpoint_steps
+        self.checkpoint_steps = _check_int("checkpoint_steps", checkpoint_steps, 0)
+        self.activation_steps = _check_int("activation_steps", activation_steps, 1)
+        self.writer = writer
+        self._progress_bar = progress_bar
+        self.iteration = 0
+        self.progress: ProgressBar | None = None
+
+    # ---- step classification -----------------------------------------------------------
+    @property
+    def user_iteration(self) -> int:
+        return self.iteration + 1
+
+    @property
+    def is_initial_step(self) -> bool:
+        return self.iteration == 0
+
+    @property
+    def on_final_iteration(self) -> bool:
+        return self.iteration == self.num_steps - 1
+
+    def is_checkpoint_step(self, step: int | None = None) -> bool:
+        """Whether 0-based ``step`` (default: the current one) is a checkpoint step."""
+        step = self.iteration if step is None else step
+        if step == self.num_steps - 1:
+            return True
+        k = self.checkpoint_steps
+        return k > 0 and (step + 1) % k == 0
+
+    def is_activation_step(self, step: int | None = None) -> bool:
+        step = self.iteration if step is None else step
+        return step == self.num_steps - 1 or (step + 1) % self.activation_steps == 0
+
+    def _should_run(self, step: int, kind: str) -> bool:
+        if not self._e2e:
+            return False
+        if kind == "checkpoint":
+            return self.is_checkpoint_step(step)
+        return self.is_activation_step(step)
+
+    def _note_output(self, output: Any) -> None:
+        if self.progress is not None:
+            self.progress.note_output(output)
+
+    # ---- iteration ------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.num_steps
+
+    def __iter__(self) -> Iterator[Any]:
+        if _ACTIVE:
+            # An earlier loop was abandoned (an exception left it): its closures are dropped.
+            _ACTIVE.clear()
+            _closures.QUEUE.clear()
+        backend = current_backend(raise_exception=False)
+        device = backend.device if backend is not None else None
+        show = self._progress_bar
+        self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
+        _ACTIVE.append(self)
+        finished = False
+        try:
+            batches = self.dataloader.batches(device)
+            for step in range(self.num_steps):
+                if step > 0:
+                    self._between_steps(step)
+                self.iteration = step
+                yield next(batches)
+            finished = True
+        finally:
+            if _ACTIVE and _ACTIVE[-1] is self:
+                try:
+                    _closures.QUEUE.run_until(None, self)
+                finally:
+                    _ACTIVE.pop()
+                    if self.progress is not None:
+                        if finished:
+                            self.progress.update(self.num_steps)
+                        self.progress.close()
+
+    def _between_steps(self, step: int) -> None:
+        previous = step - 1
+        if self.is_checkpoint_step(previous):
+            _closures.QUEUE.run_until(None, self)
+        else:
+            # Run closures up to step - 2: step - 1 is still computing, keep it busy.
+            _closures.QUEUE.run_until(step - 2, self)
+        if self.progress is not None:
+            self.progress.update(step)

@@ -1,0 +1,3 @@
+"""``cstorch.distributed``: the cluster configuration."""
+
+from .backend import ClusterConfig as ClusterConfig

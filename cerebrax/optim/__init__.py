@@ -1,0 +1,11 @@
+"""Optimizers: pure optax factories (``transforms``) and thin cstorch-style classes."""
+
+from . import lr_scheduler as lr_scheduler
+from . import transforms as transforms
+from ._adamw import AdamW as AdamW
+from ._base import Optimizer as Optimizer
+from ._base import ParamGroup as ParamGroup
+from ._clip import clip_grad_norm_ as clip_grad_norm_
+from ._clip import clip_grad_value_ as clip_grad_value_
+from ._optax_optimizer import OptaxOptimizer as OptaxOptimizer
+from ._sgd import SGD as SGD

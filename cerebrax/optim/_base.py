@@ -1,0 +1,313 @@
+"""The cstorch-style ``Optimizer`` base: param groups whose hyperparameters are state.
+
+An optimizer holds ``param_groups`` like ``torch.optim.Optimizer``. Numeric
+hyperparameters (``lr``, ``momentum``, ``betas``, ...) live in a registered state slot
+as float32 arrays, so a scheduler or a user can change them without a recompile; flags
+(``nesterov``, ``amsgrad``, ...) are Python values and part of the graph. Per-parameter
+state (``self.state[p]``) is allocated in :meth:`Optimizer.preinitialize` and nowhere
+else: the first trace must see the whole graph.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _state
+from ..errors import ConfigError, StateError
+from ..trace import deferrable
+
+__all__ = ["Optimizer", "ParamGroup"]
+
+MSG_PARAMS = """\
+{where} must hold the parameters of a compiled model, got {got}.
+Pass compiled_model.parameters() (or the original torch module's parameters() when the
+model is a torch.nn.Module), or a list of param-group dicts {{"params": [...], "lr": ...}}."""
+
+
+def _is_dynamic(value: Any) -> bool:
+    if isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, (int, float, np.number)):
+        return True
+    if isinstance(value, (jax.Array, np.ndarray)) and np.ndim(value) == 0:
+        return jnp.issubdtype(jnp.result_type(value), jnp.number)
+    if isinstance(value, (tuple, list)) and value:
+        return all(_is_dynamic(v) and not isinstance(v, (tuple, list)) for v in value)
+    return False
+
+
+def _to_hparam(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return tuple(jnp.asarray(v, jnp.float32) for v in value)
+    return jnp.asarray(value, jnp.float32)
+
+
+def _to_python(value: Any) -> Any:
+    # Host sync point: reading a hyperparameter outside a step waits for the step.
+    if isinstance(value, tuple):
+        return tuple(float(v) for v in value)
+    return float(value)
+
+
+class ParamGroup(MutableMapping):
+    """One param group: ``group["params"]`` and its hyperparameters.
+
+    Numeric hyperparameters read as Python floats outside a traced step and as
+    traced arrays inside one; assigning one writes the optimizer's state.
+    """
+
+    def __init__(self, optimizer: "Optimizer", index: int, params: list, static: dict):
+        self._opt = optimizer
+        self._index = index
+        self._params = params
+        self._static = static
+
+    def _dynamic(self) -> dict:
+        return self._opt._hparams.value[self._index]
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "params":
+            return self._params
+        if key in self._static:
+            return self._static[key]
+        value = self._dynamic()[key]
+        return value if _state.active_context() is not None else _to_python(value)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "params":
+            raise StateError("The params of a param group are fixed once the optimizer exists.")
+        dynamic = self._opt._hparams.value
+        if key in dynamic[self._index]:
+            groups = [dict(g) for g in dynamic]
+            groups[self._index][key] = _to_hparam(value)
+            self._opt._hparams.value = groups
+        elif key in self._static:
+            self._static[key] = value
+        else:
+            raise StateError(
+                f"Param group {self._index} has no hyperparameter {key!r}; hyperparameters "
+                "are fixed when the optimizer is created (pass it in the group dict)."
+            )
+
+    def __delitem__(self, key: str) -> None:
+        raise StateError("Hyperparameters cannot be removed from a param group.")
+
+    def __iter__(self) -> Iterator[str]:
+        yield "params"
+        yield from self._static
+        yield from self._opt._hparams._value[self._index]
+
+    def __len__(self) -> int:
+        return 1 + len(self._static) + len(self._opt._hparams._value[self._index])
+
+    def __repr__(self) -> str:
+        return f"ParamGroup({dict(self)!r})"
+
+
+class _ParamState(MutableMapping):
+    """``optimizer.state[p]``: the named state arrays of one parameter."""
+
+    def __init__(self, optimizer: "Optimizer", index: int):
+        self._opt = optimizer
+        self._index = index
+
+    def __getitem__(self, name: str) -> Any:
+        return self._opt._state_ref.value[self._index][name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        current = self._opt._state_ref.value
+        if name not in current[self._index]:
+            raise StateError(
+                f"{type(self._opt).__name__} created optimizer state {name!r} outside "
+                "preinitialize(). Allocate every state variable in preinitialize() so the "
+                "first trace sees the whole graph."
+            )
+        new = [dict(s) for s in current]
+        new[self._index][name] = value
+        self._opt._state_ref.value = new
+
+    def __delitem__(self, name: str) -> None:
+        raise StateError("Optimizer state cannot be deleted.")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._opt._state_ref._value[self._index])
+
+    def __len__(self) -> int:
+        return len(self._opt._state_ref._value[self._index])
+
+
+class _StateView(Mapping):
+    """``optimizer.state``: per-parameter state keyed by parameter."""
+
+    def __init__(self, optimizer: "Optimizer"):
+        self._opt = optimizer
+        self._collecting: dict[int, dict[str, Any]] | None = {}
+
+    def _index(self, p: Any) -> int:
+        index = self._opt._param_index.get(p)
+        if index is None:
+            raise StateError(f"{p!r} is not a parameter of this optimizer.")
+        return index
+
+    def __getitem__(self, p: Any) -> Any:
+        index = self._index(p)
+        if self._collecting is not None:  # inside preinitialize: plain dicts
+            return self._collecting.setdefault(index, {})
+        return _ParamState(self._opt, index)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._opt._all_params)
+
+    def __len__(self) -> int:
+        return len(self._opt._all_params)
+
+
+class Optimizer(abc.ABC):
+    """Base class of cerebrax optimizers (cstorch's ``cstorch.optim.Optimizer``).
+
+    Subclasses implement :meth:`preinitialize` (allocate ``self.state[p][name]``),
+    :meth:`step` (read ``p.grad``, ``group["lr"]`` and ``self.state[p]``; assign
+    ``p.value`` and state) and :meth:`state_names_to_sparsify`. ``step`` may not branch
+    in Python on tensor values (use ``jnp.where``); it runs inside the traced step,
+    after the gradients exist.
+
+    Args:
+      params: parameters (``compiled.parameters()``, or the original torch module's),
+        or param-group dicts ``{"params": [...], "lr": ...}``.
+      defaults: default hyperparameters of every group.
+      enable_global_step: keep a float32 ``state[p]["step"]`` per parameter.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:
+            cls.step = deferrable(f"{cls.__name__}.step()")(cls.__dict__["step"])
+        if "zero_grad" in cls.__dict__:
+            cls.zero_grad = deferrable(f"{cls.__name__}.zero_grad()")(cls.__dict__["zero_grad"])
+
+    def __init__(self, params: Any, defaults: Mapping[str, Any], enable_global_step: bool = False):
+        self.defaults = dict(defaults)
+        self.generation = _state._GENERATION[0]
+        groups = self._normalize_groups(params)
+        self._all_params: list[_state.Parameter] = [p for g in groups for p in g["params"]]
+        self._param_index = {p: i for i, p in enumerate(self._all_params)}
+        dynamic, self.param_groups = [], []
+        for i, group in enumerate(groups):
+            merged = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}}
+            dyn = {k: _to_hparam(v) for k, v in merged.items() if _is_dynamic(v)}
+            static = {k: v for k, v in merged.items() if k not in dyn}
+            dynamic.append(dyn)
+            self.param_groups.append(ParamGroup(self, i, group["params"], static))
+        self._hparams = _state.StateRef(
+            dynamic, name=f"{type(self).__name__}.param_groups", skippable=True
+        )
+        self.enable_global_step = enable_global_step
+        self.state = _StateView(self)
+        if enable_global_step:
+            for p in self._all_params:
+                self.state[p]["step"] = jnp.zeros((), jnp.float32)
+        self.preinitialize()
+        collected = self.state._collecting
+        self.state._collecting = None
+        self._state_ref = _state.StateRef(
+            [collected.get(i, {}) for i in range(len(self._all_params))],
+            name=f"{type(self).__name__}.state",
+            skippable=True,
+        )
+        _state.register_optimizer(self)
+
+    def _normalize_groups(self, params: Any) -> list[dict]:
+        from .._compile import resolve_parameter
+
+        if isinstance(params, (_state.Parameter, Mapping)) or not isinstance(params, Iterable):
+            params = [params]
+        items = list(params)
+        if not items:
+            raise ConfigError("optimizer got an empty parameter list")
+        if not all(isinstance(x, Mapping) for x in items):
+            items = [{"params": items}]
+        groups, seen = [], set()
+        for gi, group in enumerate(items):
+            if "params" not in group:
+                raise ConfigError(f"param group {gi} has no 'params' key")
+            raw = group["params"]
+            raw = [raw] if isinstance(raw, _state.Parameter) else list(raw)
+            resolved = []
+            for obj in raw:
+                p = resolve_parameter(obj)
+                if p is None:
+                    raise ConfigError(MSG_PARAMS.format(
+                        where=f"param group {gi}", got=f"a {type(obj).__name__}"))
+                if p in seen:
+                    raise ConfigError(
+                        f"some parameters appear in more than one parameter group ({p.name!r})"
+                    )
+                seen.add(p)
+                resolved.append(p)
+            groups.append({**group, "params": resolved})
+        return groups
+
+    # ---- the subclass API ----------------------------------------------------------
+    @abc.abstractmethod
+    def preinitialize(self) -> None:
+        """Allocates every state variable: ``self.state[p]["name"] = jnp.zeros_like(...)``."""
+
+    @abc.abstractmethod
+    def step(self, closure: Any = None) -> Any:
+        """Applies one update, inside a traced step, from ``p.grad``."""
+
+    def state_names_to_sparsify(self) -> list[str]:
+        """Names of per-parameter state that follows the parameter's sparsity."""
+        return []
+
+    @deferrable("optimizer.zero_grad()")
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clears gradients. Inside a traced step, after ``backward``, it takes effect
+        in program order (a later ``step()`` then sees no gradient); elsewhere gradients
+        do not persist between steps, so there is nothing to clear."""
+        ctx = _state.active_context()
+        if ctx is None or ctx.grads is None:
+            return
+        for p in self._all_params:
+            if p in ctx.grads:
+                ctx.grads[p] = None if set_to_none else jnp.zeros_like(ctx.grads[p])
+
+    def increment_global_step(self, p: _state.Parameter) -> jax.Array:
+        """Adds 1 to ``state[p]["step"]`` (needs ``enable_global_step=True``)."""
+        if not self.enable_global_step:
+            raise StateError(
+                "No global step in the state. Pass enable_global_step=True to the "
+                "optimizer's constructor."
+            )
+        self.state[p]["step"] = self.state[p]["step"] + 1.0
+        return self.state[p]["step"]
+
+    # ---- helpers for step() --------------------------------------------------------
+    def _require_grads(self, what: str):
+        ctx = _state.active_context()
+        if ctx is None:
+            raise StateError(
+                f"{what} must be called inside a step decorated with @cstorch.trace, after "
+                "cstorch.backward(loss): the update is part of the compiled step."
+            )
+        if ctx.grads is None:
+            raise StateError(
+                f"{what} was called before the loss was marked. Call cstorch.backward(loss) "
+                "(or scaler.scale(loss).backward()) first."
+            )
+        return ctx
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for key in sorted(k for k in group if k != "params"):
+                lines.append(f"    {key}: {group[key]}")
+        return "\n".join(lines) + "\n)"
+

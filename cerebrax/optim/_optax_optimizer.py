@@ -1,0 +1,136 @@
+"""``OptaxOptimizer``: a thin cstorch-style class over a pure optax factory.
+
+The class holds no update math. Each param group gets the transformation built by
+the factory from the group's hyperparameters (traced arrays inside the step, so a new
+learning rate never recompiles); its optax state lives in a registered slot. Param
+groups are fixed partitions computed once at construction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import _state
+from ..errors import ConfigError, StateError
+from ._base import Optimizer
+
+__all__ = ["OptaxOptimizer"]
+
+
+class OptaxOptimizer(Optimizer):
+    """Base of the built-in optimizers. Subclasses define the factory and the mapping.
+
+    Subclasses implement :meth:`_transform` (group hyperparameters -> optax
+    transformation) and, for torch-layout state dicts, :meth:`_torch_state` and
+    :meth:`_from_torch_state`.
+    """
+
+    def _transform(self, group: Any) -> optax.GradientTransformation:
+        raise NotImplementedError
+
+    def preinitialize(self) -> None:
+        states = []
+        for group in self.param_groups:
+            values = [p._value for p in group["params"]]
+            states.append(self._transform(group).init(values))
+        self._tx_state = _state.StateRef(
+            states, name=f"{type(self).__name__}.optax_state", skippable=True
+        )
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:
+        """Applies one update to every param group from the gradients of this step."""
+        if closure is not None:
+            raise ConfigError(
+                "optimizer.step(closure) is not supported: the loss is computed by the "
+                "traced step; call step() with no arguments."
+            )
+        ctx = self._require_grads(f"{type(self).__name__}.step()")
+        states = list(self._tx_state.value)
+        for i, group in enumerate(self.param_groups):
+            params = group["params"]
+            grads = [ctx.grad(p) for p in params]
+            if all(g is None for g in grads):
+                continue
+            values = [p.value for p in params]
+            grads = [jnp.zeros_like(v) if g is None else g.astype(v.dtype)
+                     for g, v in zip(grads, values)]
+            updates, states[i] = self._transform(group).update(grads, states[i], values)
+            new_values = optax.apply_updates(values, updates)
+            for p, g, new in zip(params, ctx_grads(ctx, params), new_values):
+                if g is not None:
+                    p.value = new
+        self._tx_state.value = states
+
+    # ---- torch-layout state dicts ----------------------------------------------------
+    def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
+        """Per-parameter torch state dicts of one group, from its optax state."""
+        raise NotImplementedError
+
+    def _from_torch_state(self, per_param: list[dict[str, Any]], template: Any) -> Any:
+        """The optax state of one group from torch per-parameter state dicts."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state in ``torch.optim`` layout: ``{"state": {i: {...}}, "param_groups": [...]}``."""
+        # Host sync point: the values of the last step are fetched.
+        states = jax.device_get(self._tx_state.value)
+        out_state: dict[int, dict[str, Any]] = {}
+        groups = []
+        offset = 0
+        for group, gstate in zip(self.param_groups, states):
+            n = len(group["params"])
+            for j, entry in enumerate(self._torch_state(gstate, n)):
+                if entry:
+                    out_state[offset + j] = {k: np.array(v) for k, v in entry.items()}
+            info = {k: v for k, v in group.items() if k != "params"}
+            info["params"] = list(range(offset, offset + n))
+            groups.append(info)
+            offset += n
+        return {"state": out_state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a state dict in ``torch.optim`` layout (from cerebrax or from torch)."""
+        groups = state_dict.get("param_groups")
+        if groups is None or "state" not in state_dict:
+            raise StateError("optimizer state dict needs 'state' and 'param_groups' keys")
+        if len(groups) != len(self.param_groups):
+            raise StateError(
+                f"loaded state dict has {len(groups)} parameter groups, this optimizer has "
+                f"{len(self.param_groups)}"
+            )
+        state = {int(k): v for k, v in state_dict["state"].items()}
+        templates = self._tx_state._value
+        new_states = []
+        for group, saved, template in zip(self.param_groups, groups, templates):
+            indices = [int(i) for i in saved["params"]]
+            if len(indices) != len(group["params"]):
+                raise StateError(
+                    "loaded state dict contains a parameter group that doesn't match the "
+                    "size of optimizer's group"
+                )
+            per_param = [state.get(i, {}) for i in indices]
+            new_states.append(self._from_torch_state(per_param, template))
+            for key, value in saved.items():
+                if key != "params" and key in group:
+                    group[key] = value
+        self._tx_state.value = new_states
+
+
+def ctx_grads(ctx: Any, params: list) -> list:
+    return [ctx.grads.get(p) for p in params]
+
+
+def stack_like(template: list, values: list, what: str) -> list:
+    """Arrays from ``values`` with the shapes and dtypes of ``template``."""
+    out = []
+    for t, v in zip(template, values):
+        arr = jnp.asarray(np.asarray(v), dtype=t.dtype)
+        if arr.shape != t.shape:
+            raise StateError(f"optimizer state {what!r} has shape {arr.shape}, expected {t.shape}")
+        out.append(arr)
+    return out

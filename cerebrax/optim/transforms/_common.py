@@ -1,0 +1,39 @@
+"""Small pieces shared by the optimizer transformations."""
+
+from __future__ import annotations
+
+import jax
+import optax
+from jax.typing import ArrayLike
+
+from ...errors import ConfigError
+
+
+def check_non_negative(name: str, value: ArrayLike) -> None:
+    """Raises ConfigError for a negative concrete hyperparameter (traced ones pass)."""
+    if isinstance(value, jax.core.Tracer) or callable(value):
+        return  # traced values and schedules are checked where they are made
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"Invalid {name}: {value!r} is not a number") from None
+    if not number >= 0.0:
+        raise ConfigError(f"Invalid {name} value: {value!r} (expected >= 0)")
+
+
+def check_in_unit_interval(name: str, value: ArrayLike) -> None:
+    """Raises ConfigError unless ``0 <= value < 1`` (traced values pass)."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    if not 0.0 <= float(value) < 1.0:
+        raise ConfigError(f"Invalid {name} parameter: {value!r} (expected 0 <= {name} < 1)")
+
+
+def maybe_negate(maximize: bool) -> optax.GradientTransformation:
+    """Negates the gradient when maximizing, else the identity."""
+    return optax.scale(-1.0) if maximize else optax.identity()
+
+
+def scale_by_learning_rate(learning_rate: ArrayLike) -> optax.GradientTransformation:
+    """Scales the update by ``-learning_rate`` (a number, traced scalar or schedule)."""
+    return optax.scale_by_learning_rate(learning_rate)

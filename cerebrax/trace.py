@@ -1,0 +1,679 @@
+"""The static-graph step: ``@cstorch.trace`` turns a training step into one jitted program.
+
+cstorch code is imperative: a model, an optimizer and a scheduler mutate. JAX code is
+functional. :func:`trace` bridges the two. On the first call it snapshots every
+registered state slot (:mod:`cerebrax._state`) and builds
+
+    program(all state, step inputs) -> (new state, step outputs, closure arguments)
+
+as ONE ``jax.jit`` function whose state argument is donated (no second copy of the
+weights). Inside the program the user's step runs once, under ``jax.vjp`` with respect
+to the parameters that optimizers hold. ``cstorch.backward(loss)`` only marks the loss;
+calls that consume gradients (``optimizer.step``, ``scaler.step``, clipping,
+``lr_scheduler.step``, ...) are recorded and replayed in program order once the
+gradients exist. Everything computed in the forward pass that must survive it (state
+updates such as BatchNorm statistics or metric counts, the step's outputs, closure and
+deferred-call arguments) leaves the differentiated function as auxiliary output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _closures, _state
+from .backend import _backend
+from .errors import RecompileError, StateError, TensorReadError
+
+__all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace"]
+
+MSG_TENSOR_READ = """\
+It is not allowed to read a tensor's contents outside of a step closure.
+
+The traced step `{name}` is captured once as a static graph; inside it tensors have no
+values yet, so they cannot be converted to Python numbers, printed as numbers, or used
+in a Python `if`. {detail}
+
+Wrong:
+    @cstorch.trace
+    def step(x, y):
+        loss = ...
+        print(float(loss))            # reads a value inside the step
+Right:
+    @cstorch.step_closure
+    def print_loss(loss):
+        print(float(loss))            # runs after the step, with the value
+    @cstorch.trace
+    def step(x, y):
+        loss = ...
+        print_loss(loss)
+For a condition on a tensor, use jnp.where or jax.lax.cond."""
+
+MSG_RECOMPILE = """\
+The traced step `{name}` was compiled for {what}, but this call passes {new}.
+A traced step compiles once (the wafer runs one static graph), so every call must have
+the same input shapes, dtypes and structure.
+Fix: give every batch the same shape: pass drop_last=True to the torch DataLoader, or
+pad the last batch. For debugging only, cstorch.backend("CPU", allow_recompile=True)
+lets the step compile again."""
+
+_READ_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+class DeferredValue:
+    """The result of a call that runs after the backward pass, e.g. a gradient norm.
+
+    Inside a traced step, calls that consume gradients run once the gradients exist.
+    Their result can be returned from the step or passed to a step closure; it
+    cannot be computed with inside the step.
+    """
+
+    __slots__ = ("what", "_value", "_resolved")
+
+    def __init__(self, what: str):
+        self.what = what
+        self._value: Any = None
+        self._resolved = False
+
+    def resolve(self, value: Any) -> None:
+        self._value, self._resolved = value, True
+
+    @property
+    def value(self) -> Any:
+        if not self._resolved:
+            raise StateError(
+                f"The result of {self.what} is only known after the backward pass. "
+                "Return it from the step or pass it to a step closure; do not compute "
+                "with it inside the step."
+            )
+        return self._value
+
+    def __jax_array__(self) -> jax.Array:
+        return jnp.asarray(self.value)
+
+    def __repr__(self) -> str:
+        return f"DeferredValue({self.what})"
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+@dataclasses.dataclass
+class _Routed:
+    """A pytree whose array leaves travel separately (out of the differentiated pass)."""
+
+    treedef: Any
+    leaves: list  # non-array leaves as they are; array leaves replaced by _Slot
+    inline: Any = None  # set when the tree was not routed (built after the forward)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+@dataclasses.dataclass
+class _ClosureSpec:
+    fn: Callable[..., Any]
+    kind: str
+    routed: _Routed
+    slots: list  # positions of this closure's arrays in the program's closure outputs
+    treedef: Any = None
+    statics: list | None = None
+
+
+class TraceContext:
+    """The state of one trace of a step: where every read and write of state goes."""
+
+    def __init__(self, step: "TracedStep", refs: list[_state.StateRef], values: list):
+        self.step = step
+        self.values: dict[_state.StateRef, Any] = dict(zip(refs, values))
+        self.backend = step._backend
+        self.phase = "forward"
+        self.diff: dict[_state.Parameter, Any] = {}
+        self.loss: jax.Array | None = None
+        self.grads: dict[_state.Parameter, Any] | None = None
+        self.deferred: list[tuple[Callable, _Routed, DeferredValue]] = []
+        self.written: dict[_state.StateRef, None] = {}
+        self.closures: list[_ClosureSpec] = []
+        self.aux: list = []
+        self.aux_out: list = []
+        self.models_used: list = []
+        self.condition: jax.Array | None = None
+        self.scalers_stepped: set = set()
+        self.scratch: dict = {}  # per-step bookkeeping of grad scalers and optimizers
+
+    # ---- state -----------------------------------------------------------------
+    def read(self, ref: _state.StateRef) -> Any:
+        if self.phase == "forward" and ref in self.diff:
+            return self.diff[ref]
+        try:
+            return self.values[ref]
+        except KeyError:
+            ref.check_generation()
+            raise StateError(
+                f"{ref.name!r} is not part of the state of the traced step "
+                f"`{self.step.__name__}`: it was created after the step was first "
+                "called. Create all models, optimizers and metrics before the first step."
+            ) from None
+
+    def write(self, ref: _state.StateRef, value: Any) -> None:
+        old = self.read(ref)
+        value = jax.tree.map(jnp.asarray, value)
+        problem = _state._same_structure(old, value)
+        if problem is not None:
+            raise StateError(
+                f"A traced step wrote a value with {problem} to {ref.name!r}; state keeps "
+                "its structure, shapes and dtypes in a static graph."
+            )
+        if self.condition is not None and ref.skippable:
+            value = jax.tree.map(lambda n, o: jnp.where(self.condition, n, o), value, old)
+        if self.phase == "forward":
+            self.written[ref] = None
+            self.diff.pop(ref, None)
+        self.values[ref] = value
+
+    # ---- gradients ---------------------------------------------------------------
+    def mark_loss(self, loss: Any) -> None:
+        loss = jnp.asarray(loss)
+        if loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
+            raise StateError(
+                f"backward() needs a scalar floating-point loss, got shape {loss.shape} "
+                f"dtype {loss.dtype}. Reduce the loss (e.g. .mean()) before backward()."
+            )
+        if self.phase != "forward":
+            raise StateError(
+                "backward() was called after the gradients were consumed in this step. "
+                "Mark every loss before optimizer.step()."
+            )
+        if self.deferred:
+            raise StateError(
+                "backward() was called after a gradient-consuming call "
+                f"({self.deferred[-1][2].what}) in the same step; call backward() first."
+            )
+        self.loss = loss if self.loss is None else self.loss + loss.astype(self.loss.dtype)
+
+    def grad(self, p: _state.Parameter) -> Any:
+        if self.grads is None:
+            raise StateError(
+                f"The gradient of {p.name!r} is not available: gradients exist after "
+                "cstorch.backward(loss) (or scaler.scale(loss).backward()), inside the "
+                "gradient-consuming calls that follow it."
+            )
+        if p not in self.grads:
+            raise StateError(
+                f"{p.name!r} is not differentiated in this step: only parameters held by "
+                "an optimizer (with requires_grad=True) get gradients."
+            )
+        return self.grads[p]
+
+    def set_grad(self, p: _state.Parameter, g: Any) -> None:
+        self.grad(p)
+        self.grads[p] = g
+
+    @property
+    def after_backward(self) -> bool:
+        """True while the forward pass runs and a loss has been marked."""
+        return self.phase == "forward" and self.loss is not None
+
+    def defer(self, fn: Callable, args: tuple, kwargs: dict, what: str) -> DeferredValue:
+        result = DeferredValue(what)
+        self.deferred.append((fn, self.route((args, kwargs)), result))
+        return result
+
+    # ---- values leaving the differentiated pass ---------------------------------------
+    def route(self, tree: Any) -> _Routed:
+        if self.phase != "forward":
+            return _Routed(None, [], inline=tree)
+        leaves, treedef = jax.tree.flatten(tree)
+        out = []
+        for leaf in leaves:
+            if isinstance(leaf, (jax.Array, jax.core.Tracer)):
+                out.append(_Slot(len(self.aux)))
+                self.aux.append(leaf)
+            else:
+                out.append(leaf)
+        return _Routed(treedef, out)
+
+    def unroute(self, routed: _Routed) -> Any:
+        if routed.treedef is None:
+            tree = routed.inline
+        else:
+            leaves = [
+                self.aux_out[x.index] if isinstance(x, _Slot) else x for x in routed.leaves
+            ]
+            tree = jax.tree.unflatten(routed.treedef, leaves)
+        return jax.tree.map(
+            lambda x: x.value if isinstance(x, DeferredValue) else x,
+            tree,
+            is_leaf=lambda x: isinstance(x, DeferredValue),
+        )
+
+    def add_closure(self, fn: Callable, args: tuple, kwargs: dict, kind: str) -> None:
+        self.closures.append(_ClosureSpec(fn, kind, self.route((args, kwargs)), []))
+
+    def note_model(self, model: Any) -> None:
+        if any(m is model for m in self.models_used):
+            return
+        if self.models_used:
+            raise StateError(
+                "Detected that more than one compiled model was used in a step function "
+                f"(`{self.step.__name__}`). Compile one module that contains both models "
+                "and call it once per step."
+            )
+        self.models_used.append(model)
+
+    # ---- the program ---------------------------------------------------------------
+    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        diff_refs = self.step._diff_refs
+        primals = [self.values[p] for p in diff_refs]
+
+        def forward(primals):
+            self.diff = dict(zip(diff_refs, primals))
+            out_routed = self.route(fn(*args, **kwargs))
+            written = list(self.written)
+            loss = self.loss if self.loss is not None else jnp.zeros((), jnp.float32)
+            self.phase = "after_forward"
+            self.diff = {}
+            return loss, (self.aux, [self.values[r] for r in written], out_routed, written)
+
+        loss_out, vjp_fn, aux = _vjp_with_static_aux(forward, primals)
+        self.aux_out, written_values, out_routed, written = aux
+        for ref, value in zip(written, written_values):
+            self.values[ref] = value
+        self.phase = "replay"
+        if self.loss is not None:
+            (grads,) = vjp_fn(jnp.ones_like(loss_out))
+            self.grads = dict(zip(diff_refs, grads))
+        for call, routed, result in self.deferred:
+            cargs, ckwargs = self.unroute(routed)
+            result.resolve(call(*cargs, **ckwargs))
+        return self.unroute(out_routed)
+
+
+def _vjp_with_static_aux(forward: Callable, primals: list):
+    """``jax.vjp(..., has_aux=True)`` where part of the auxiliary output is Python data."""
+    static: list = []
+
+    def wrapped(primals):
+        loss, (aux, written_values, out_routed, written) = forward(primals)
+        static.extend([out_routed, written])
+        return loss, (aux, written_values)
+
+    loss, vjp_fn, (aux, written_values) = jax.vjp(wrapped, primals, has_aux=True)
+    return loss, vjp_fn, (aux, written_values, static[0], static[1])
+
+
+def _describe(x: Any) -> str:
+    if _is_array(x):
+        return f"shape {tuple(np.shape(x))} {np.result_type(x)}"
+    return f"the Python value {x!r}"
+
+
+def _to_device_input(x: Any) -> Any:
+    if type(x).__module__.startswith("torch"):
+        from ._interop import torch_to_jax
+
+        return torch_to_jax(x)
+    return x
+
+
+class TracedStep:
+    """A step function compiled once into one ``jax.jit`` program. See :func:`trace`."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._signature_of = inspect.signature(fn)
+        self._reset_program()
+        self.num_compiles = 0
+
+    def _reset_program(self) -> None:
+        self._jit = None
+        self._key = None
+        self._refs: list[_state.StateRef] = []
+        self._diff_refs: list[_state.Parameter] = []
+        self._backend = None
+        self._out_spec: _Routed | None = None
+        self._closure_specs: list[_ClosureSpec] = []
+        self._modes: list[tuple[Any, bool]] = []
+
+    # ---- input signature -------------------------------------------------------------
+    def _split(self, args: tuple, kwargs: dict):
+        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_torch_tensor)
+        dynamic, statics = [], []
+        for leaf in leaves:
+            leaf = _to_device_input(leaf)
+            if _is_array(leaf):
+                dynamic.append(leaf)
+                statics.append(None)
+            else:
+                statics.append(leaf)
+        key = (
+            treedef,
+            tuple(statics),
+            tuple((np.shape(x), np.result_type(x)) for x in dynamic),
+        )
+        return key, dynamic, leaves, treedef
+
+    def _argument_name(self, path: tuple) -> str:
+        """Names the argument a flattened leaf belongs to, e.g. ``inputs`` or ``batch[0]``."""
+        (which, *rest) = path
+        if which.idx == 0:  # positional
+            index = rest[0].idx
+            params = list(self._signature_of.parameters)
+            name = params[index] if index < len(params) else f"args[{index}]"
+            tail = rest[1:]
+        else:
+            name, tail = str(rest[0].key), rest[1:]
+        return name + jax.tree_util.keystr(tuple(tail))
+
+    def _recompile_error(self, args: tuple, kwargs: dict, new_key: tuple) -> RecompileError:
+        old_def, old_statics, old_shapes = self._key
+        new_def, new_statics, new_shapes = new_key
+        name = self.__name__
+        if old_def != new_def:
+            return RecompileError(
+                MSG_RECOMPILE.format(
+                    name=name, what=f"inputs with structure {old_def}",
+                    new=f"inputs with structure {new_def}",
+                )
+            )
+        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
+            (args, kwargs), is_leaf=_is_torch_tensor)[0]]
+        dyn_index = 0
+        for path, old_static, new_static in zip(paths, old_statics, new_statics):
+            arg = self._argument_name(path)
+            if old_static is None and new_static is None:
+                old = old_shapes[dyn_index]
+                new = new_shapes[dyn_index]
+                dyn_index += 1
+                if old != new:
+                    return RecompileError(MSG_RECOMPILE.format(
+                        name=name,
+                        what=f"argument `{arg}` with shape {old[0]} {old[1]}",
+                        new=f"shape {new[0]} {new[1]}",
+                    ))
+            elif not _same_static(old_static, new_static):
+                return RecompileError(MSG_RECOMPILE.format(
+                    name=name,
+                    what=f"argument `{arg}` = {old_static!r} (a Python value is part of "
+                    "the graph)",
+                    new=f"{new_static!r}; pass values that change as arrays",
+                ))
+        return RecompileError(MSG_RECOMPILE.format(name=name, what="other inputs", new="new ones"))
+
+    # ---- building the program --------------------------------------------------------
+    def _build(self, key: tuple, treedef: Any, backend: _backend.Backend) -> None:
+        self._reset_program()
+        self._key = key
+        self._backend = backend
+        self._refs = _state.live_refs()
+        self._diff_refs = _state.optimized_parameters()
+        statics = list(key[1])
+
+        def program(state_values: list, dynamic: list):
+            it = iter(dynamic)
+            leaves = [next(it) if s is None else s for s in statics]
+            args, kwargs = jax.tree.unflatten(treedef, leaves)
+            ctx = TraceContext(self, self._refs, state_values)
+            _state._ACTIVE.append(ctx)
+            try:
+                out = ctx.run(self._fn, args, kwargs)
+            except _READ_ERRORS as e:
+                raise TensorReadError(
+                    MSG_TENSOR_READ.format(name=self.__name__, detail=_first_line(e))
+                ) from e
+            finally:
+                _state._ACTIVE.pop()
+            self._modes = [(m, m.training) for m in ctx.models_used]
+            return self._finish(ctx, state_values, out)
+
+        self._jit = jax.jit(program, donate_argnums=(0,))
+        self.num_compiles += 1
+
+    def _finish(self, ctx: TraceContext, old_values: list, out: Any):
+        new_values = []
+        for ref, old in zip(self._refs, old_values):
+            new = ctx.values[ref]
+            new_values.append(jax.tree.map(_match_dtype, new, old))
+        out_leaves, out_def = jax.tree.flatten(
+            out, is_leaf=lambda x: isinstance(x, DeferredValue)
+        )
+        out_arrays = [x for x in out_leaves if isinstance(x, (jax.Array, jax.core.Tracer))]
+        self._out_spec = (out_def, [
+            None if isinstance(x, (jax.Array, jax.core.Tracer)) else x for x in out_leaves
+        ])
+        closure_arrays = []
+        for spec in ctx.closures:
+            tree = ctx.unroute(spec.routed)
+            leaves, spec.treedef = jax.tree.flatten(tree)
+            spec.statics = []
+            spec.slots = []
+            for leaf in leaves:
+                if isinstance(leaf, (jax.Array, jax.core.Tracer)):
+                    spec.slots.append(len(closure_arrays))
+                    spec.statics.append(None)
+                    closure_arrays.append(leaf)
+                else:
+                    spec.statics.append(leaf)
+        self._closure_specs = ctx.closures
+        return new_values, out_arrays, closure_arrays
+
+    # ---- calling ---------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _state.active_context() is not None:
+            raise StateError(
+                f"The traced step `{self.__name__}` was called inside another traced "
+                "step. Call the inner function directly; only the outer one is traced."
+            )
+        backend = _backend.current_backend(raise_exception=False) or _backend.backend("CPU")
+        key, dynamic, _, treedef = self._split(args, kwargs)
+        if self._jit is None or backend is not self._backend:
+            self._build(key, treedef, backend)
+        elif key != self._key:
+            if not backend.allow_recompile:
+                raise self._recompile_error(args, kwargs, key)
+            self._build(key, treedef, backend)
+        else:
+            self._check_modes()
+        states = [ref._value for ref in self._refs]
+        if not backend.is_e2e_execution:
+            return self._compile_or_validate(backend, states, dynamic)
+        new_states, out_arrays, closure_arrays = self._jit(states, dynamic)
+        for ref, value in zip(self._refs, new_states):
+            ref._value = value
+        _closures.QUEUE.dispatches += 1
+        self._queue_closures(closure_arrays)
+        out_def, out_statics = self._out_spec
+        it = iter(out_arrays)
+        out = jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
+        executor = _closures._current_executor()
+        if executor is not None:
+            executor._note_output(out)
+        return out
+
+    def _check_modes(self) -> None:
+        for model, mode in self._modes:
+            if model.training != mode:
+                raise RecompileError(
+                    f"The traced step `{self.__name__}` was compiled with the model in "
+                    f"{'train' if mode else 'eval'} mode, but the model is now in "
+                    f"{'train' if model.training else 'eval'} mode. The mode is part of "
+                    "the graph: use one traced step for training and another for "
+                    "evaluation, and call model.train() / model.eval() before each."
+                )
+
+    def _queue_closures(self, closure_arrays: list) -> None:
+        executor = _closures._current_executor()
+        for spec in self._closure_specs:
+            it = iter(spec.slots)
+            leaves = [closure_arrays[next(it)] if s is None else s for s in spec.statics]
+            args, kwargs = jax.tree.unflatten(spec.treedef, leaves)
+            if executor is None:
+                if spec.kind == "checkpoint":
+                    raise StateError(
+                        "Cannot fetch a checkpoint outside of an execution context: "
+                        f"the traced step `{self.__name__}` calls a checkpoint closure but "
+                        "runs outside a DataExecutor."
+                    )
+                _closures.QUEUE._run(_closures._Entry(
+                    -1, spec.fn, args, kwargs, spec.kind, _closures.QUEUE.dispatches))
+            else:
+                _closures.QUEUE.put(_closures._Entry(
+                    executor.iteration, spec.fn, args, kwargs, spec.kind,
+                    _closures.QUEUE.dispatches))
+
+    def _compile_or_validate(self, backend, states: list, dynamic: list) -> Any:
+        if backend.validate_only:
+            shapes = jax.eval_shape(self._jit, states, dynamic)
+            print(f"[cerebrax] validated `{self.__name__}`: traced, nothing compiled or run.")
+        else:
+            start = time.perf_counter()
+            lowered = self._jit.lower(states, dynamic)
+            compiled = lowered.compile()
+            shapes = jax.eval_shape(self._jit, states, dynamic)
+            _write_artifacts(backend.compile_dir, self.__name__, lowered, compiled,
+                             time.perf_counter() - start)
+        _, out_shapes, _ = shapes
+        out_def, out_statics = self._out_spec
+        it = iter(out_shapes)
+        return jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
+
+    def lower(self, *args: Any, **kwargs: Any):
+        """Lowers the step for these inputs (``jax.stages.Lowered``), running nothing."""
+        backend = _backend.current_backend(raise_exception=False) or _backend.backend("CPU")
+        key, dynamic, _, treedef = self._split(args, kwargs)
+        if self._jit is None or key != self._key:
+            self._build(key, treedef, backend)
+        return self._jit.lower([ref._value for ref in self._refs], dynamic)
+
+
+def _write_artifacts(directory: str, name: str, lowered, compiled, seconds: float) -> None:
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{name}.hlo.txt"), "w") as f:
+        f.write(lowered.as_text())
+    memory = compiled.memory_analysis()
+    lines = [f"step: {name}", f"compile_seconds: {seconds:.3f}"]
+    if memory is not None:
+        for field in ("argument_size_in_bytes", "output_size_in_bytes",
+                      "temp_size_in_bytes", "alias_size_in_bytes",
+                      "generated_code_size_in_bytes"):
+            lines.append(f"{field}: {getattr(memory, field, 'n/a')}")
+    with open(os.path.join(directory, f"{name}.memory.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"[cerebrax] compiled `{name}` in {seconds:.2f} s; artifacts in {directory}")
+
+
+def _match_dtype(new: Any, old: Any) -> Any:
+    """Casts a new state leaf to its old dtype, strongly typed (a stable signature)."""
+    if jax.dtypes.issubdtype(old.dtype, jax.dtypes.prng_key):
+        return new
+    return jax.lax.convert_element_type(new, old.dtype)
+
+
+def _same_static(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except Exception:  # objects whose == is not a plain bool
+        return a is b
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"(JAX said: {text[0]})" if text else ""
+
+
+def _is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "numpy")
+
+
+def trace(fn: Callable[..., Any]) -> TracedStep:
+    """Compiles a whole training or evaluation step into one static graph.
+
+    The step runs its Python once, at the first call, and becomes one ``jax.jit``
+    program over all registered state: forward, backward and optimizer update fused.
+    Later calls run the compiled program; Python side effects in the step (a counter,
+    a print of a non-tensor) happen only at that first call. Calling the step with
+    inputs of another shape, dtype or structure raises :class:`RecompileError`;
+    reading a tensor's value inside raises :class:`TensorReadError`.
+
+    Example:
+      >>> @cstorch.trace
+      ... def training_step(inputs, targets):
+      ...     loss = loss_fn(compiled_model(inputs), targets)
+      ...     cstorch.backward(loss)
+      ...     optimizer.step()
+      ...     optimizer.zero_grad()
+      ...     return loss
+    """
+    return TracedStep(fn)
+
+
+compile_step = trace
+
+
+def backward(loss: Any) -> None:
+    """Marks ``loss`` for differentiation: cerebrax's ``loss.backward()``.
+
+    Inside a traced step the gradients of the loss with respect to every parameter
+    held by an optimizer are computed once the step's forward pass is done; calls
+    that consume them (``optimizer.step()``, ``scaler.step``, clipping, scheduler
+    steps) run after, in program order.
+    """
+    ctx = _state.active_context()
+    if ctx is None:
+        raise StateError(
+            "cstorch.backward(loss) must be called inside a step decorated with "
+            "@cstorch.trace: gradients are computed as part of the compiled step."
+        )
+    ctx.mark_loss(loss)
+
+
+def deferrable(what: str):
+    """Decorates a gradient-consuming method so that, after ``backward``, it is deferred.
+
+    Called inside a traced step after the loss was marked, the call is recorded and
+    replayed once the gradients exist; it returns a :class:`DeferredValue`.
+    """
+
+    def decorator(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def wrapper(self, *args: Any, **kwargs: Any):
+            ctx = _state.active_context()
+            if ctx is not None and ctx.after_backward:
+                return ctx.defer(functools.partial(method, self), args, kwargs, what)
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def deferrable_function(what: str):
+    """Like :func:`deferrable`, for plain functions such as ``clip_grad_norm_``."""
+
+    def decorator(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any):
+            ctx = _state.active_context()
+            if ctx is not None and ctx.after_backward:
+                return ctx.defer(fn, args, kwargs, what)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
