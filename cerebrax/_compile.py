@@ -61,6 +61,9 @@ def _flatten_named(tree: Any) -> tuple[dict[str, Any], Any]:
     pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
     named = {}
     for path, leaf in pairs:
+        # flax.nnx variables flatten to `.value` attributes: name them by their path.
+        path = tuple(k for k in path
+                     if not (isinstance(k, jax.tree_util.GetAttrKey) and k.name == "value"))
         name = jax.tree_util.keystr(path, simple=True, separator=".")
         named[name or "param"] = leaf
     return named, treedef

@@ -61,24 +61,35 @@ def active_context() -> _Context | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
+def _state_device() -> jax.Device:
+    from .backend import current_backend
+
+    backend = current_backend(raise_exception=False)
+    return backend.device if backend is not None else jax.devices()[0]
+
+
 def as_state_leaf(x: Any) -> jax.Array:
     """A fresh, strongly typed JAX array holding ``x``, owned by the state slot.
 
     The slot must own its buffer: a traced step donates state buffers, which would
     delete an array the caller still holds, or fail if two leaves shared a buffer.
     Weakly typed scalars (``jnp.asarray(0.1)``) would change the program's input
-    signature once a step returns a strongly typed value, forcing a recompile.
+    signature once a step returns a strongly typed value, forcing a recompile; so would
+    an uncommitted array, since step outputs are committed to the backend's device.
     """
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
         dtype = jnp.bool_ if isinstance(x, bool) else (
             jnp.int32 if isinstance(x, int) else jnp.float32
         )
-        return jnp.array(x, dtype=dtype)
-    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return jax.random.wrap_key_data(jnp.array(jax.random.key_data(x), copy=True),
-                                        impl=jax.random.key_impl(x))
-    arr = jnp.array(x, copy=True)
-    return jax.lax.convert_element_type(arr, arr.dtype) if arr.weak_type else arr
+        arr = jnp.array(x, dtype=dtype)
+    elif isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        arr = jax.random.wrap_key_data(jnp.array(jax.random.key_data(x), copy=True),
+                                       impl=jax.random.key_impl(x))
+    else:
+        arr = jnp.array(x, copy=True)
+        if arr.weak_type:
+            arr = jax.lax.convert_element_type(arr, arr.dtype)
+    return jax.device_put(arr, _state_device())
 
 
 def _same_structure(old: Any, new: Any) -> str | None:

@@ -317,12 +317,6 @@ def _vjp_with_static_aux(forward: Callable, primals: list):
     return loss, vjp_fn, (aux, written_values, static[0], static[1])
 
 
-def _describe(x: Any) -> str:
-    if _is_array(x):
-        return f"shape {tuple(np.shape(x))} {np.result_type(x)}"
-    return f"the Python value {x!r}"
-
-
 def _to_device_input(x: Any) -> Any:
     if type(x).__module__.startswith("torch"):
         from ._interop import torch_to_jax
@@ -365,7 +359,7 @@ class TracedStep:
         key = (
             treedef,
             tuple(statics),
-            tuple((np.shape(x), np.result_type(x)) for x in dynamic),
+            tuple((x.shape, x.dtype) for x in dynamic),
         )
         return key, dynamic, leaves, treedef
 

@@ -25,6 +25,8 @@ class AdamW(OptaxOptimizer):
       >>> optimizer = cstorch.optim.AdamW(compiled.parameters(), lr=1e-3, weight_decay=0.01)
     """
 
+    _static_hyperparameters = ("betas",)
+
     def __init__(
         self,
         params: Iterable[Any],

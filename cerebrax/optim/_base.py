@@ -55,6 +55,12 @@ def _to_python(value: Any) -> Any:
     return float(value)
 
 
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 class ParamGroup(MutableMapping):
     """One param group: ``group["params"]`` and its hyperparameters.
 
@@ -88,6 +94,12 @@ class ParamGroup(MutableMapping):
             groups[self._index][key] = _to_hparam(value)
             self._opt._hparams.value = groups
         elif key in self._static:
+            if self._opt._traced and not _same_value(self._static[key], value):
+                raise StateError(
+                    f"{key!r} of param group {self._index} is part of the compiled step "
+                    f"({self._static[key]!r}); it cannot change to {value!r} after the first "
+                    "step. Set it when building the optimizer."
+                )
             self._static[key] = value
         else:
             raise StateError(
@@ -184,6 +196,10 @@ class Optimizer(abc.ABC):
       enable_global_step: keep a float32 ``state[p]["step"]`` per parameter.
     """
 
+    # Numeric hyperparameters kept as Python values (part of the graph), e.g. Adam's
+    # betas, whose ``1 - beta`` torch computes in double precision.
+    _static_hyperparameters: tuple[str, ...] = ()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "step" in cls.__dict__:
@@ -194,13 +210,15 @@ class Optimizer(abc.ABC):
     def __init__(self, params: Any, defaults: Mapping[str, Any], enable_global_step: bool = False):
         self.defaults = dict(defaults)
         self.generation = _state._GENERATION[0]
+        self._traced = False  # set once a traced step has used this optimizer
         groups = self._normalize_groups(params)
         self._all_params: list[_state.Parameter] = [p for g in groups for p in g["params"]]
         self._param_index = {p: i for i, p in enumerate(self._all_params)}
         dynamic, self.param_groups = [], []
         for i, group in enumerate(groups):
             merged = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}}
-            dyn = {k: _to_hparam(v) for k, v in merged.items() if _is_dynamic(v)}
+            dyn = {k: _to_hparam(v) for k, v in merged.items()
+                   if _is_dynamic(v) and k not in self._static_hyperparameters}
             static = {k: v for k, v in merged.items() if k not in dyn}
             dynamic.append(dyn)
             self.param_groups.append(ParamGroup(self, i, group["params"], static))

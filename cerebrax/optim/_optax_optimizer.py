@@ -50,6 +50,7 @@ class OptaxOptimizer(Optimizer):
                 "traced step; call step() with no arguments."
             )
         ctx = self._require_grads(f"{type(self).__name__}.step()")
+        self._traced = True
         states = list(self._tx_state.value)
         for i, group in enumerate(self.param_groups):
             params = group["params"]

@@ -26,6 +26,8 @@ class SGD(OptaxOptimizer):
       >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.9)
     """
 
+    _static_hyperparameters = ("dampening",)
+
     def __init__(
         self,
         params: Iterable[Any],

@@ -10,7 +10,7 @@ import optax
 from jax.typing import ArrayLike
 
 from ._common import (check_in_unit_interval, check_non_negative, maybe_negate,
-                      scale_by_learning_rate)
+                      one_minus, one_minus_power, scale_by_learning_rate)
 
 __all__ = ["TorchAdamState", "adamw", "scale_by_torch_adam"]
 
@@ -49,6 +49,8 @@ def scale_by_torch_adam(
     the running maximum of ``v``.
     """
 
+    one_minus_b1, one_minus_b2 = one_minus(b1), one_minus(b2)
+
     def init_fn(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
         return TorchAdamState(
@@ -58,13 +60,13 @@ def scale_by_torch_adam(
     def update_fn(updates, state, params=None):
         del params
         count = optax.safe_increment(state.count)
-        m = jax.tree.map(lambda m, g: _lerp(m, g, 1 - b1), state.exp_avg, updates)
-        v = jax.tree.map(lambda v, g: v * b2 + ((1 - b2) * g) * g, state.exp_avg_sq, updates)
+        m = jax.tree.map(lambda m, g: _lerp(m, g, one_minus_b1), state.exp_avg, updates)
+        v = jax.tree.map(lambda v, g: v * b2 + (one_minus_b2 * g) * g, state.exp_avg_sq, updates)
         vmax = jax.tree.map(jnp.maximum, state.max_exp_avg_sq, v) if amsgrad else ()
         t = count.astype(jnp.float32)
         if correct_bias:
-            bc1 = 1 - jnp.power(b1, t)
-            bc2_sqrt = jnp.sqrt(1 - jnp.power(b2, t))
+            bc1 = one_minus_power(b1, t)
+            bc2_sqrt = jnp.sqrt(one_minus_power(b2, t))
         else:
             bc1 = bc2_sqrt = jnp.ones((), jnp.float32)
         denom_of = vmax if amsgrad else v

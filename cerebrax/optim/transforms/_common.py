@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
+import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
@@ -37,3 +40,23 @@ def maybe_negate(maximize: bool) -> optax.GradientTransformation:
 def scale_by_learning_rate(learning_rate: ArrayLike) -> optax.GradientTransformation:
     """Scales the update by ``-learning_rate`` (a number, traced scalar or schedule)."""
     return optax.scale_by_learning_rate(learning_rate)
+
+
+def _is_number(x: ArrayLike) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def one_minus(x: ArrayLike) -> ArrayLike:
+    """``1 - x``, in double precision when ``x`` is a Python number (as torch computes it)."""
+    return 1.0 - float(x) if _is_number(x) else 1.0 - x
+
+
+def one_minus_power(base: ArrayLike, t: jax.Array) -> jax.Array:
+    """``1 - base ** t`` without float32 cancellation: ``-expm1(t * log(base))``.
+
+    torch evaluates bias corrections such as ``1 - 0.999 ** t`` in double precision;
+    in float32 ``1 - 0.999`` alone is off by 5e-5. With ``log(base)`` taken in double
+    and ``expm1``, the float32 result is within a few ulps of torch's.
+    """
+    log_base = math.log(float(base)) if _is_number(base) else jnp.log(base)
+    return -jnp.expm1(t * log_base)

@@ -10,7 +10,7 @@ import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
-from ._common import check_non_negative, maybe_negate, scale_by_learning_rate
+from ._common import check_non_negative, maybe_negate, one_minus, scale_by_learning_rate
 
 __all__ = ["MomentumState", "scale_by_torch_momentum", "sgd"]
 
@@ -31,6 +31,8 @@ def scale_by_torch_momentum(
     update is ``buf_t``, or ``g_t + momentum * buf_t`` with ``nesterov``.
     """
 
+    one_minus_dampening = one_minus(dampening)
+
     def init_fn(params):
         return MomentumState(jnp.zeros((), jnp.int32), jax.tree.map(jnp.zeros_like, params))
 
@@ -38,7 +40,7 @@ def scale_by_torch_momentum(
         del params
         first = state.count == 0
         buf = jax.tree.map(
-            lambda g, b: jnp.where(first, g, momentum * b + (1 - dampening) * g),
+            lambda g, b: jnp.where(first, g, momentum * b + one_minus_dampening * g),
             updates, state.momentum_buffer,
         )
         if nesterov:

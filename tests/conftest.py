@@ -1,0 +1,53 @@
+"""Shared fixtures: a fresh cerebrax process state per test, and a compile counter.
+
+Multi-device tests live in tests/multidevice/ and run in their own pytest process with
+XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before JAX starts); without that
+flag they are not collected.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import jax
+import pytest
+
+import cerebrax as cstorch
+
+EIGHT_DEVICES = "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS", "")
+
+
+def pytest_ignore_collect(collection_path: pathlib.Path, config) -> bool | None:
+    if collection_path.name == "multidevice" and not EIGHT_DEVICES:
+        return True
+    return None
+
+
+class CompileCounter:
+    """Counts XLA backend compiles (JAX's own monitoring event)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+COMPILES = CompileCounter()
+jax.monitoring.register_event_duration_secs_listener(COMPILES)
+
+
+@pytest.fixture
+def compiles() -> CompileCounter:
+    return COMPILES
+
+
+@pytest.fixture(autouse=True)
+def fresh_cerebrax(tmp_path, monkeypatch):
+    """Every test starts with no backend, no configuration and no registered state."""
+    monkeypatch.chdir(tmp_path)
+    cstorch.reset()
+    yield
+    cstorch.reset()
