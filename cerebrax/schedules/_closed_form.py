@@ -95,6 +95,8 @@ def cosine_decay(
 
     def schedule(step: ArrayLike) -> jax.Array:
         t = jnp.minimum(_step(step), total)
-        return end + (init - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * t / total))
+        # (1 + cos(pi t / T)) / 2 == sin(pi (T - t) / 2T) ** 2: no float32 cancellation
+        # near t = T, and exactly `end` from t = T on.
+        return end + (init - end) * jnp.sin(jnp.pi * (total - t) / (2 * total)) ** 2
 
     return schedule

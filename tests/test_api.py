@@ -1,0 +1,58 @@
+"""The public surface: every documented name imports from where a ported script expects it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import cerebrax as cstorch
+
+PUBLIC = {
+    "cerebrax": [
+        "configure", "backend", "current_backend", "reset", "compile", "trace", "compile_step",
+        "backward", "step_closure", "checkpoint_closure", "save", "load", "current_executor",
+        "set_half_dtype", "FunctionalModel", "CompiledModel", "ModelAdapter",
+        "register_model_adapter", "Parameter", "Backend", "TracedStep", "DeferredValue",
+        "CerebraxError", "RecompileError", "TensorReadError", "UnsupportedOpError",
+        "CheckpointError", "ConfigError", "BackendError", "StateError", "__version__",
+    ],
+    "cerebrax.optim": ["Optimizer", "OptaxOptimizer", "ParamGroup", "SGD", "AdamW",
+                       "clip_grad_norm_", "clip_grad_value_", "lr_scheduler", "transforms"],
+    "cerebrax.optim.transforms": ["sgd", "adamw", "scale_by_torch_adam",
+                                  "scale_by_torch_momentum"],
+    "cerebrax.optim.lr_scheduler": ["LRScheduler", "LinearLR", "CosineDecayLR", "ConstantLR",
+                                    "PolynomialLR"],
+    "cerebrax.schedules": ["linear", "cosine_decay", "polynomial", "constant", "LRScheduler"],
+    "cerebrax.amp": ["GradScaler", "optimizer_step", "set_half_dtype", "get_half_dtype",
+                     "get_half_dtype_str", "mixed_precision"],
+    "cerebrax.utils.data": ["DataLoader", "DataExecutor", "compute_num_steps"],
+    "cerebrax.data": ["DataLoader", "DataExecutor", "current_executor", "to_device"],
+    "cerebrax.distributed": ["ClusterConfig"],
+    "cerebrax.metrics": ["Metric", "AccuracyMetric", "get_all_metrics"],
+    "cerebrax.ckpt": ["save", "load", "is_checkpoint"],
+    "cerebrax.errors": ["CerebraxError", "RecompileError", "TensorReadError"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names(module):
+    import importlib
+
+    mod = importlib.import_module(module)
+    missing = [name for name in PUBLIC[module] if not hasattr(mod, name)]
+    assert not missing, f"{module} lacks {missing}"
+
+
+def test_errors_share_one_base_and_the_builtin_kinds():
+    assert issubclass(cstorch.RecompileError, cstorch.CerebraxError)
+    assert issubclass(cstorch.ConfigError, ValueError)
+    assert issubclass(cstorch.TensorReadError, RuntimeError)
+
+
+def test_import_does_not_import_torch():
+    code = "import sys, cerebrax; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
