@@ -6,17 +6,14 @@ Run in its own process:
 
 from __future__ import annotations
 
-import sys
-
 import jax
 import numpy as np
 import optax
 import pytest
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-from helpers import batches, compiled_mlp, mlp_apply, mlp_params, xent  # noqa: E402
+from helpers import batches, compiled_mlp, mlp_apply, mlp_params, xent
 
-import cerebrax as cstorch  # noqa: E402
+import cerebrax as cstorch
 
 
 def test_eight_devices_are_visible():
