@@ -56,6 +56,7 @@ class ClosureQueue:
     def __init__(self) -> None:
         self.pending: collections.deque[_Entry] = collections.deque()
         self.dispatches = 0  # traced steps dispatched so far
+        self.last_outputs: list = []  # output arrays of the last traced step
         self._running: _Entry | None = None
         _state._READ_GUARDS.append(self._guard)
 
@@ -77,7 +78,7 @@ class ClosureQueue:
 
     def _run(self, entry: _Entry) -> None:
         # Host sync point: materializing the arguments waits for their step.
-        args, kwargs = jax.device_get((entry.args, entry.kwargs))
+        args, kwargs = to_host((entry.args, entry.kwargs))
         self._running = entry
         try:
             entry.fn(*args, **kwargs)
@@ -91,10 +92,20 @@ class ClosureQueue:
 QUEUE = ClosureQueue()
 
 
-def _current_executor():
-    from .data._executor import current_executor_or_none
+def to_host(tree: Any) -> Any:
+    """``tree`` with every JAX array replaced by a numpy array (waits for the values)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    arrays = [x for x in leaves if isinstance(x, jax.Array)]
+    for x in arrays:
+        x.copy_to_host_async()  # start every transfer before waiting on the first
+    return jax.tree.unflatten(
+        treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])
 
-    return current_executor_or_none()
+
+def _current_executor():
+    from .data import _executor  # a late import: data depends on this module
+
+    return _executor._ACTIVE[-1] if _executor._ACTIVE else None
 
 
 def _state_leaf_ids() -> set[int]:
@@ -103,9 +114,10 @@ def _state_leaf_ids() -> set[int]:
 
 def _protect_from_donation(tree: Any) -> Any:
     """Copies arrays that are current state: the next step donates (deletes) those."""
-    leaves = jax.tree.leaves(tree)
-    if not any(isinstance(x, jax.Array) for x in leaves):
-        return tree
+    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    outputs = QUEUE.last_outputs
+    if all(any(x is out for out in outputs) for x in arrays):
+        return tree  # the usual case: the step's own outputs, which are never donated
     ids = _state_leaf_ids()
     return jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) and id(x) in ids else x, tree
@@ -126,7 +138,8 @@ def _enqueue_or_run(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str
                 "DataExecutor (or over a cstorch DataLoader), where checkpoint steps "
                 "are known."
             )
-        fn(*jax.device_get(args), **jax.device_get(kwargs))
+        args, kwargs = to_host((args, kwargs))
+        fn(*args, **kwargs)
         return
     step = executor.iteration
     if kind == "checkpoint" and not executor._should_run(step, kind):
@@ -174,8 +187,3 @@ def checkpoint_closure(fn: Callable[..., Any]) -> Callable[..., None]:
 
     closure.__cerebrax_closure__ = "checkpoint"  # type: ignore[attr-defined]
     return closure
-
-
-def materialize(tree: Any) -> Any:
-    """Host copies of the arrays in ``tree`` (numpy), other leaves unchanged."""
-    return jax.tree.map(lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -347,10 +348,13 @@ class TracedStep:
 
     # ---- input signature -------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict):
-        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=_is_torch_tensor)
+        # torch tensors are leaves, not pytrees (only checked once torch is imported).
+        is_leaf = _is_torch_tensor if "torch" in sys.modules else None
+        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_leaf)
         dynamic, statics = [], []
         for leaf in leaves:
-            leaf = _to_device_input(leaf)
+            if is_leaf is not None:
+                leaf = _to_device_input(leaf)
             if _is_array(leaf):
                 dynamic.append(leaf)
                 statics.append(None)
@@ -491,6 +495,7 @@ class TracedStep:
         for ref, value in zip(self._refs, new_states):
             ref._value = value
         _closures.QUEUE.dispatches += 1
+        _closures.QUEUE.last_outputs = out_arrays
         self._queue_closures(closure_arrays)
         out_def, out_statics = self._out_spec
         it = iter(out_arrays)

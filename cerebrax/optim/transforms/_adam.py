@@ -52,9 +52,12 @@ def scale_by_torch_adam(
     one_minus_b1, one_minus_b2 = one_minus(b1), one_minus(b2)
 
     def init_fn(params):
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        # Separate buffers for each moment: a donated state must not alias itself.
+        def zeros():
+            return jax.tree.map(jnp.zeros_like, params)
+
         return TorchAdamState(
-            jnp.zeros((), jnp.int32), zeros, zeros, zeros if amsgrad else ()
+            jnp.zeros((), jnp.int32), zeros(), zeros(), zeros() if amsgrad else ()
         )
 
     def update_fn(updates, state, params=None):
