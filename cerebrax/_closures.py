@@ -96,16 +96,19 @@ def to_host(tree: Any) -> Any:
     """``tree`` with every JAX array replaced by a numpy array (waits for the values)."""
     leaves, treedef = jax.tree.flatten(tree)
     arrays = [x for x in leaves if isinstance(x, jax.Array)]
-    for x in arrays:
-        x.copy_to_host_async()  # start every transfer before waiting on the first
+    if len(arrays) > 1:
+        for x in arrays:
+            x.copy_to_host_async()  # start every transfer before waiting on the first
     return jax.tree.unflatten(
         treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])
 
 
-def _current_executor():
-    from .data import _executor  # a late import: data depends on this module
+# The DataExecutors whose loops are running (innermost last); owned by cerebrax.data.
+ACTIVE_EXECUTORS: list = []
 
-    return _executor._ACTIVE[-1] if _executor._ACTIVE else None
+
+def _current_executor():
+    return ACTIVE_EXECUTORS[-1] if ACTIVE_EXECUTORS else None
 
 
 def _state_leaf_ids() -> set[int]:

@@ -496,11 +496,12 @@ class TracedStep:
             ref._value = value
         _closures.QUEUE.dispatches += 1
         _closures.QUEUE.last_outputs = out_arrays
-        self._queue_closures(closure_arrays)
+        executor = _closures._current_executor()
+        if self._closure_specs:
+            self._queue_closures(closure_arrays, executor)
         out_def, out_statics = self._out_spec
         it = iter(out_arrays)
         out = jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
-        executor = _closures._current_executor()
         if executor is not None:
             executor._note_output(out)
         return out
@@ -516,8 +517,7 @@ class TracedStep:
                     "evaluation, and call model.train() / model.eval() before each."
                 )
 
-    def _queue_closures(self, closure_arrays: list) -> None:
-        executor = _closures._current_executor()
+    def _queue_closures(self, closure_arrays: list, executor: Any) -> None:
         for spec in self._closure_specs:
             it = iter(spec.slots)
             leaves = [closure_arrays[next(it)] if s is None else s for s in spec.statics]

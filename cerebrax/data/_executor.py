@@ -12,7 +12,7 @@ from ._progress import ProgressBar
 
 __all__ = ["DataExecutor", "current_executor", "current_executor_or_none"]
 
-_ACTIVE: list["DataExecutor"] = []
+_ACTIVE: list["DataExecutor"] = _closures.ACTIVE_EXECUTORS
 
 
 def current_executor_or_none() -> "DataExecutor | None":

@@ -21,9 +21,9 @@ class AccuracyMetric(Metric):
 
     Example:
       >>> accuracy = cstorch.metrics.AccuracyMetric("accuracy")
-      >>> accuracy(labels=jnp.array([1, 2, 3]), predictions=jnp.array([1, 2, 0]))
-      >>> float(accuracy)
-      0.6666666865348816
+      >>> accuracy.update(labels=jnp.array([1, 2, 3]), predictions=jnp.array([1, 2, 0]))
+      >>> round(float(accuracy), 4)
+      0.6667
     """
 
     def _initial_state(self) -> dict[str, jax.Array]:
