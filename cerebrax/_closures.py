@@ -16,7 +16,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np

@@ -13,7 +13,8 @@ from __future__ import annotations
 import abc
 import collections
 import inspect
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -272,11 +273,11 @@ class CompiledModel:
     def named_buffers(self) -> Iterator[tuple[str, _state.StateRef]]:
         return iter(self._buffers.items())
 
-    def train(self, mode: bool = True) -> "CompiledModel":
+    def train(self, mode: bool = True) -> CompiledModel:
         self.training = bool(mode)
         return self
 
-    def eval(self) -> "CompiledModel":
+    def eval(self) -> CompiledModel:
         return self.train(False)
 
     def _slots(self) -> dict[str, _state.StateRef]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -25,17 +26,17 @@ __all__ = ["Parameter", "StateRef", "live_refs"]
 
 
 class _Context(Protocol):
-    def read(self, ref: "StateRef") -> Any: ...
-    def write(self, ref: "StateRef", value: Any) -> None: ...
+    def read(self, ref: StateRef) -> Any: ...
+    def write(self, ref: StateRef, value: Any) -> None: ...
 
 
 # The innermost active trace context (set by cerebrax.trace), or None outside a step.
 _ACTIVE: list[_Context] = []
 # Hooks that guard reads outside a trace (installed by the closure queue).
-_READ_GUARDS: list[Callable[["StateRef"], None]] = []
+_READ_GUARDS: list[Callable[[StateRef], None]] = []
 
 _IDS = itertools.count()
-_REGISTRY: "dict[int, weakref.ref[StateRef]]" = {}
+_REGISTRY: dict[int, weakref.ref[StateRef]] = {}
 # Bumped by cerebrax.reset(): state of an older generation belongs to a dropped backend.
 _GENERATION = [0]
 
@@ -237,7 +238,7 @@ def drop_all() -> None:
 
 
 # Optimizers register here so that a traced step knows what to differentiate.
-_OPTIMIZERS: "dict[int, weakref.ref[Any]]" = {}
+_OPTIMIZERS: dict[int, weakref.ref[Any]] = {}
 
 
 def register_optimizer(optimizer: Any) -> None:

@@ -56,4 +56,5 @@ def max_rel_tree(a: dict, b: dict) -> float:
 
 
 def flat_params(params: dict) -> dict:
-    return {f"{layer}.{name}": np.asarray(v) for layer, d in params.items() for name, v in d.items()}
+    return {f"{layer}.{name}": np.asarray(v)
+            for layer, d in params.items() for name, v in d.items()}

@@ -76,7 +76,9 @@ class GradScaler:
             )
         self.dynamic = loss_scale == "dynamic"
         if isinstance(loss_scale, str) and not self.dynamic:
-            raise ConfigError(f"GradScaler(loss_scale=...) must be 'dynamic' or a number, got {loss_scale!r}")
+            raise ConfigError(
+                f"GradScaler(loss_scale=...) must be 'dynamic' or a number, got {loss_scale!r}"
+            )
         self.steps_per_increase = int(steps_per_increase or 2000)
         self.min_loss_scale = float(min_loss_scale or _MIN_LOSS_SCALE)
         self.max_loss_scale = float(max_loss_scale or 2.0**15)
@@ -188,7 +190,9 @@ class GradScaler:
     def update(self, new_scale: Any = None) -> None:
         """Adjusts the dynamic scale after the optimizers of this step were stepped."""
         if new_scale is not None:
-            raise ConfigError("GradScaler.update() does not take a new scale in cerebrax (cstorch).")
+            raise ConfigError(
+                "GradScaler.update() does not take a new scale in cerebrax (nor in cstorch)."
+            )
         ctx = self._context("update()")
         scratch = self._scratch(ctx)
         finite = jnp.bool_(True)
@@ -200,7 +204,8 @@ class GradScaler:
         s = dict(self._state.value)
         steps = s["steps_since_rescale"] + 1
         overflows = s["overflows_since_rescale"] + (~finite).astype(jnp.int32)
-        too_many = overflows.astype(jnp.float32) / steps.astype(jnp.float32) > self.overflow_tolerance
+        ratio = overflows.astype(jnp.float32) / steps.astype(jnp.float32)
+        too_many = ratio > self.overflow_tolerance
         grow = jnp.logical_and(~too_many, steps > self.steps_per_increase)
         scale = jnp.where(too_many, s["loss_scale"] / 2,
                           jnp.where(grow, s["loss_scale"] * 2, s["loss_scale"]))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 
@@ -24,8 +25,8 @@ __all__ = [
 
 BACKEND_TYPES = ("CPU", "GPU", "CSX")
 
-_CURRENT: list["Backend"] = []
-_RUN_CONFIG: list["RunConfig"] = []
+_CURRENT: list[Backend] = []
+_RUN_CONFIG: list[RunConfig] = []
 
 MSG_SECOND_BACKEND = """\
 Cannot instantiate multiple backends: a {old} backend already exists in this process

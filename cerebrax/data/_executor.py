@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .. import _closures
 from ..backend import current_backend, run_config
@@ -12,14 +13,14 @@ from ._progress import ProgressBar
 
 __all__ = ["DataExecutor", "current_executor", "current_executor_or_none"]
 
-_ACTIVE: list["DataExecutor"] = _closures.ACTIVE_EXECUTORS
+_ACTIVE: list[DataExecutor] = _closures.ACTIVE_EXECUTORS
 
 
-def current_executor_or_none() -> "DataExecutor | None":
+def current_executor_or_none() -> DataExecutor | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
-def current_executor() -> "DataExecutor":
+def current_executor() -> DataExecutor:
     """The executor whose loop is running; raises when there is none."""
     if not _ACTIVE:
         raise StateError(
@@ -31,7 +32,9 @@ def current_executor() -> "DataExecutor":
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"DataExecutor({name}=...) must be an integer >= {minimum}, got {value!r}.")
+        raise ConfigError(
+            f"DataExecutor({name}=...) must be an integer >= {minimum}, got {value!r}."
+        )
     return value
 
 

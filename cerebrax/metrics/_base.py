@@ -22,11 +22,11 @@ from ..trace import deferrable
 
 __all__ = ["Metric", "get_all_metrics"]
 
-_METRICS: "weakref.WeakValueDictionary[str, Metric]" = weakref.WeakValueDictionary()
+_METRICS: weakref.WeakValueDictionary[str, Metric] = weakref.WeakValueDictionary()
 _COUNTER = itertools.count()
 
 
-def get_all_metrics() -> dict[str, "Metric"]:
+def get_all_metrics() -> dict[str, Metric]:
     """Every live metric by its (unique) name."""
     return dict(_METRICS)
 
@@ -55,7 +55,9 @@ class Metric(abc.ABC):
         """The accumulators of a fresh metric."""
 
     @abc.abstractmethod
-    def _update(self, state: dict[str, jax.Array], *args: Any, **kwargs: Any) -> dict[str, jax.Array]:
+    def _update(
+        self, state: dict[str, jax.Array], *args: Any, **kwargs: Any
+    ) -> dict[str, jax.Array]:
         """New accumulators after one batch (pure)."""
 
     @abc.abstractmethod

@@ -68,7 +68,7 @@ class ParamGroup(MutableMapping):
     traced arrays inside one; assigning one writes the optimizer's state.
     """
 
-    def __init__(self, optimizer: "Optimizer", index: int, params: list, static: dict):
+    def __init__(self, optimizer: Optimizer, index: int, params: list, static: dict):
         self._opt = optimizer
         self._index = index
         self._params = params
@@ -125,7 +125,7 @@ class ParamGroup(MutableMapping):
 class _ParamState(MutableMapping):
     """``optimizer.state[p]``: the named state arrays of one parameter."""
 
-    def __init__(self, optimizer: "Optimizer", index: int):
+    def __init__(self, optimizer: Optimizer, index: int):
         self._opt = optimizer
         self._index = index
 
@@ -157,7 +157,7 @@ class _ParamState(MutableMapping):
 class _StateView(Mapping):
     """``optimizer.state``: per-parameter state keyed by parameter."""
 
-    def __init__(self, optimizer: "Optimizer"):
+    def __init__(self, optimizer: Optimizer):
         self._opt = optimizer
         self._collecting: dict[int, dict[str, Any]] | None = {}
 

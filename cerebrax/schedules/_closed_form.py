@@ -8,7 +8,7 @@ a float32 array for an integer (or traced int32) step. These are what the
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

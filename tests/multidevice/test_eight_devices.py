@@ -10,7 +10,6 @@ import jax
 import numpy as np
 import optax
 import pytest
-
 from helpers import batches, compiled_mlp, mlp_apply, mlp_params, xent
 
 import cerebrax as cstorch

@@ -9,8 +9,14 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._common import (check_in_unit_interval, check_non_negative, maybe_negate,
-                      one_minus, one_minus_power, scale_by_learning_rate)
+from ._common import (
+    check_in_unit_interval,
+    check_non_negative,
+    maybe_negate,
+    one_minus,
+    one_minus_power,
+    scale_by_learning_rate,
+)
 
 __all__ = ["TorchAdamState", "adamw", "scale_by_torch_adam"]
 

@@ -1,0 +1,329 @@
+"""The trace context: where a traced step's reads and writes of state go.
+
+While ``@cstorch.trace`` builds its program, one :class:`TraceContext` is active. Every
+registered state slot reads and writes through it, so the imperative step becomes a pure
+function of the state. The context runs the step under ``jax.vjp`` with respect to the
+parameters that optimizers hold: ``cstorch.backward(loss)`` marks the loss, and calls
+that consume gradients (decorated with :func:`deferrable`) are recorded while the
+forward pass runs and replayed, in program order, once the gradients exist. Values
+computed in the forward pass that must outlive it (state updates, the step's outputs,
+closure and deferred-call arguments) leave the differentiated function as auxiliary
+output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _state
+from .errors import StateError
+
+if TYPE_CHECKING:
+    from .trace import TracedStep
+
+__all__ = ["DeferredValue", "TraceContext", "backward", "deferrable", "deferrable_function"]
+
+
+class DeferredValue:
+    """The result of a call that runs after the backward pass, e.g. a gradient norm.
+
+    Inside a traced step, calls that consume gradients run once the gradients exist.
+    Their result can be returned from the step or passed to a step closure; it
+    cannot be computed with inside the step.
+    """
+
+    __slots__ = ("what", "_value", "_resolved")
+
+    def __init__(self, what: str):
+        self.what = what
+        self._value: Any = None
+        self._resolved = False
+
+    def resolve(self, value: Any) -> None:
+        self._value, self._resolved = value, True
+
+    @property
+    def value(self) -> Any:
+        if not self._resolved:
+            raise StateError(
+                f"The result of {self.what} is only known after the backward pass. "
+                "Return it from the step or pass it to a step closure; do not compute "
+                "with it inside the step."
+            )
+        return self._value
+
+    def __jax_array__(self) -> jax.Array:
+        return jnp.asarray(self.value)
+
+    def __repr__(self) -> str:
+        return f"DeferredValue({self.what})"
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+@dataclasses.dataclass
+class _Routed:
+    """A pytree whose array leaves travel separately (out of the differentiated pass)."""
+
+    treedef: Any
+    leaves: list  # non-array leaves as they are; array leaves replaced by _Slot
+    inline: Any = None  # set when the tree was not routed (built after the forward)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+@dataclasses.dataclass
+class _ClosureSpec:
+    fn: Callable[..., Any]
+    kind: str
+    routed: _Routed
+    slots: list  # positions of this closure's arrays in the program's closure outputs
+    treedef: Any = None
+    statics: list | None = None
+
+
+class TraceContext:
+    """The state of one trace of a step: where every read and write of state goes."""
+
+    def __init__(self, step: TracedStep, refs: list[_state.StateRef], values: list):
+        self.step = step
+        self.values: dict[_state.StateRef, Any] = dict(zip(refs, values))
+        self.backend = step._backend
+        self.phase = "forward"
+        self.diff: dict[_state.Parameter, Any] = {}
+        self.loss: jax.Array | None = None
+        self.grads: dict[_state.Parameter, Any] | None = None
+        self.deferred: list[tuple[Callable, _Routed, DeferredValue]] = []
+        self.written: dict[_state.StateRef, None] = {}
+        self.closures: list[_ClosureSpec] = []
+        self.aux: list = []
+        self.aux_out: list = []
+        self.models_used: list = []
+        self.condition: jax.Array | None = None
+        self.scalers_stepped: set = set()
+        self.scratch: dict = {}  # per-step bookkeeping of grad scalers and optimizers
+
+    # ---- state -----------------------------------------------------------------
+    def read(self, ref: _state.StateRef) -> Any:
+        if self.phase == "forward" and ref in self.diff:
+            return self.diff[ref]
+        try:
+            return self.values[ref]
+        except KeyError:
+            ref.check_generation()
+            raise StateError(
+                f"{ref.name!r} is not part of the state of the traced step "
+                f"`{self.step.__name__}`: it was created after the step was first "
+                "called. Create all models, optimizers and metrics before the first step."
+            ) from None
+
+    def write(self, ref: _state.StateRef, value: Any) -> None:
+        old = self.read(ref)
+        value = jax.tree.map(jnp.asarray, value)
+        problem = _state._same_structure(old, value)
+        if problem is not None:
+            raise StateError(
+                f"A traced step wrote a value with {problem} to {ref.name!r}; state keeps "
+                "its structure, shapes and dtypes in a static graph."
+            )
+        if self.condition is not None and ref.skippable:
+            value = jax.tree.map(lambda n, o: jnp.where(self.condition, n, o), value, old)
+        if self.phase == "forward":
+            self.written[ref] = None
+            self.diff.pop(ref, None)
+        self.values[ref] = value
+
+    # ---- gradients ---------------------------------------------------------------
+    def mark_loss(self, loss: Any) -> None:
+        loss = jnp.asarray(loss)
+        if loss.shape != () or not jnp.issubdtype(loss.dtype, jnp.floating):
+            raise StateError(
+                f"backward() needs a scalar floating-point loss, got shape {loss.shape} "
+                f"dtype {loss.dtype}. Reduce the loss (e.g. .mean()) before backward()."
+            )
+        if self.phase != "forward":
+            raise StateError(
+                "backward() was called after the gradients were consumed in this step. "
+                "Mark every loss before optimizer.step()."
+            )
+        if self.deferred:
+            raise StateError(
+                "backward() was called after a gradient-consuming call "
+                f"({self.deferred[-1][2].what}) in the same step; call backward() first."
+            )
+        self.loss = loss if self.loss is None else self.loss + loss.astype(self.loss.dtype)
+
+    def grad(self, p: _state.Parameter) -> Any:
+        if self.grads is None:
+            raise StateError(
+                f"The gradient of {p.name!r} is not available: gradients exist after "
+                "cstorch.backward(loss) (or scaler.scale(loss).backward()), inside the "
+                "gradient-consuming calls that follow it."
+            )
+        if p not in self.grads:
+            raise StateError(
+                f"{p.name!r} is not differentiated in this step: only parameters held by "
+                "an optimizer (with requires_grad=True) get gradients."
+            )
+        return self.grads[p]
+
+    def set_grad(self, p: _state.Parameter, g: Any) -> None:
+        self.grad(p)
+        self.grads[p] = g
+
+    @property
+    def after_backward(self) -> bool:
+        """True while the forward pass runs and a loss has been marked."""
+        return self.phase == "forward" and self.loss is not None
+
+    def defer(self, fn: Callable, args: tuple, kwargs: dict, what: str) -> DeferredValue:
+        result = DeferredValue(what)
+        self.deferred.append((fn, self.route((args, kwargs)), result))
+        return result
+
+    # ---- values leaving the differentiated pass ---------------------------------------
+    def route(self, tree: Any) -> _Routed:
+        if self.phase != "forward":
+            return _Routed(None, [], inline=tree)
+        leaves, treedef = jax.tree.flatten(tree)
+        out = []
+        for leaf in leaves:
+            if isinstance(leaf, (jax.Array, jax.core.Tracer)):
+                out.append(_Slot(len(self.aux)))
+                self.aux.append(leaf)
+            else:
+                out.append(leaf)
+        return _Routed(treedef, out)
+
+    def unroute(self, routed: _Routed) -> Any:
+        if routed.treedef is None:
+            tree = routed.inline
+        else:
+            leaves = [
+                self.aux_out[x.index] if isinstance(x, _Slot) else x for x in routed.leaves
+            ]
+            tree = jax.tree.unflatten(routed.treedef, leaves)
+        return jax.tree.map(
+            lambda x: x.value if isinstance(x, DeferredValue) else x,
+            tree,
+            is_leaf=lambda x: isinstance(x, DeferredValue),
+        )
+
+    def add_closure(self, fn: Callable, args: tuple, kwargs: dict, kind: str) -> None:
+        self.closures.append(_ClosureSpec(fn, kind, self.route((args, kwargs)), []))
+
+    def note_model(self, model: Any) -> None:
+        if any(m is model for m in self.models_used):
+            return
+        if self.models_used:
+            raise StateError(
+                "Detected that more than one compiled model was used in a step function "
+                f"(`{self.step.__name__}`). Compile one module that contains both models "
+                "and call it once per step."
+            )
+        self.models_used.append(model)
+
+    # ---- the program ---------------------------------------------------------------
+    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        diff_refs = self.step._diff_refs
+        primals = [self.values[p] for p in diff_refs]
+
+        def forward(primals):
+            self.diff = dict(zip(diff_refs, primals))
+            out_routed = self.route(fn(*args, **kwargs))
+            written = list(self.written)
+            loss = self.loss if self.loss is not None else jnp.zeros((), jnp.float32)
+            self.phase = "after_forward"
+            self.diff = {}
+            return loss, (self.aux, [self.values[r] for r in written], out_routed, written)
+
+        loss_out, vjp_fn, aux = _vjp_with_static_aux(forward, primals)
+        self.aux_out, written_values, out_routed, written = aux
+        for ref, value in zip(written, written_values):
+            self.values[ref] = value
+        self.phase = "replay"
+        if self.loss is not None:
+            (grads,) = vjp_fn(jnp.ones_like(loss_out))
+            self.grads = dict(zip(diff_refs, grads))
+        for call, routed, result in self.deferred:
+            cargs, ckwargs = self.unroute(routed)
+            result.resolve(call(*cargs, **ckwargs))
+        return self.unroute(out_routed)
+
+
+def _vjp_with_static_aux(forward: Callable, primals: list):
+    """``jax.vjp(..., has_aux=True)`` where part of the auxiliary output is Python data."""
+    static: list = []
+
+    def wrapped(primals):
+        loss, (aux, written_values, out_routed, written) = forward(primals)
+        static.extend([out_routed, written])
+        return loss, (aux, written_values)
+
+    loss, vjp_fn, (aux, written_values) = jax.vjp(wrapped, primals, has_aux=True)
+    return loss, vjp_fn, (aux, written_values, static[0], static[1])
+
+
+def backward(loss: Any) -> None:
+    """Marks ``loss`` for differentiation: cerebrax's ``loss.backward()``.
+
+    Inside a traced step the gradients of the loss with respect to every parameter
+    held by an optimizer are computed once the step's forward pass is done; calls
+    that consume them (``optimizer.step()``, ``scaler.step``, clipping, scheduler
+    steps) run after, in program order.
+    """
+    ctx = _state.active_context()
+    if ctx is None:
+        raise StateError(
+            "cstorch.backward(loss) must be called inside a step decorated with "
+            "@cstorch.trace: gradients are computed as part of the compiled step."
+        )
+    ctx.mark_loss(loss)
+
+
+def deferrable(what: str):
+    """Decorates a gradient-consuming method so that, after ``backward``, it is deferred.
+
+    Called inside a traced step after the loss was marked, the call is recorded and
+    replayed once the gradients exist; it returns a :class:`DeferredValue`.
+    """
+
+    def decorator(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def wrapper(self, *args: Any, **kwargs: Any):
+            ctx = _state.active_context()
+            if ctx is not None and ctx.after_backward:
+                return ctx.defer(functools.partial(method, self), args, kwargs, what)
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def deferrable_function(what: str):
+    """Like :func:`deferrable`, for plain functions such as ``clip_grad_norm_``."""
+
+    def decorator(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any):
+            ctx = _state.active_context()
+            if ctx is not None and ctx.after_backward:
+                return ctx.defer(fn, args, kwargs, what)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorator
