@@ -58,3 +58,16 @@ def max_rel_tree(a: dict, b: dict) -> float:
 def flat_params(params: dict) -> dict:
     return {f"{layer}.{name}": np.asarray(v)
             for layer, d in params.items() for name, v in d.items()}
+
+
+def xent_step(model: cstorch.CompiledModel, optimizer) -> cstorch.TracedStep:
+    """The plain traced training step: cross-entropy loss, backward, optimizer step."""
+
+    @cstorch.trace
+    def training_step(x, y):
+        loss = xent(model(x), y)
+        cstorch.backward(loss)
+        optimizer.step()
+        return loss
+
+    return training_step

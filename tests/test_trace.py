@@ -7,7 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import batches, compiled_mlp, flat_params, max_rel_tree, mlp_apply, mlp_params, xent
+from helpers import (
+    batches,
+    compiled_mlp,
+    flat_params,
+    max_rel_tree,
+    mlp_apply,
+    mlp_params,
+    xent,
+    xent_step,
+)
 
 import cerebrax as cstorch
 
@@ -97,12 +106,7 @@ def test_state_buffers_are_donated():
     model = compiled_mlp()
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer)
 
     (x, y), = batches(1)
     training_step(x, y)
@@ -544,12 +548,7 @@ def test_validate_only_runs_nothing(capsys):
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
     before = model.state_dict()
 
-    @cstorch.trace
-    def step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    step = xent_step(model, optimizer)
 
     out = step(*batches(1)[0])
     assert isinstance(out, jax.ShapeDtypeStruct) and out.shape == ()
@@ -628,12 +627,7 @@ def test_nnx_module_trains_like_the_functional_equivalent():
         "fc1.bias", "fc1.kernel", "fc2.bias", "fc2.kernel"]
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    step = xent_step(model, optimizer)
 
     params = init
     for x, y in batches(5):

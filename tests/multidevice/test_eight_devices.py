@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import batches, compiled_mlp, mlp_apply, mlp_params, xent
+from helpers import batches, compiled_mlp, mlp_apply, mlp_params, xent, xent_step
 
 import cerebrax as cstorch
 
@@ -27,12 +27,7 @@ def test_training_step_runs_on_the_backend_device(kind):
     model = compiled_mlp(backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    @cstorch.trace
-    def step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    step = xent_step(model, optimizer)
 
     tx = cstorch.optim.transforms.sgd(0.1, momentum=0.9)
     params, state = mlp_params(), None
