@@ -119,9 +119,7 @@ def main() -> None:
     dataloader = cstorch.utils.data.DataLoader(
         input_fn, "train", args.batch_size, True, num_steps=args.num_steps
     )
-    executor = cstorch.utils.data.DataExecutor(
-        dataloader, num_steps=args.num_steps, checkpoint_steps=args.checkpoint_steps
-    )
+    executor = cstorch.utils.data.DataExecutor(dataloader, checkpoint_steps=args.checkpoint_steps)
     compiled_model.train()
     for inputs, targets in executor:
         loss = training_step(inputs, targets)

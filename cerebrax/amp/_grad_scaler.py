@@ -40,6 +40,10 @@ class ScaledLoss:
 class GradScaler:
     """Loss scaling for half-precision gradients (cstorch's ``amp.GradScaler``).
 
+    As in cstorch, scaling is active on the CSX backend only (where the model computes
+    in a half dtype); on CPU and GPU ``scale`` returns the loss as it is, ``step`` just
+    steps the optimizer and ``state_dict()`` is empty, so one script runs everywhere.
+
     Args:
       loss_scale: ``"dynamic"`` for dynamic loss scaling, a number for a static scale,
         or None / 0 for no scaling.

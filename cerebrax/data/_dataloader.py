@@ -98,7 +98,8 @@ class DataLoader:
       input_fn: called as ``input_fn(*args, **kwargs)``; returns a torch DataLoader or
         any iterable of batches.
       num_steps, max_steps, num_epochs, steps_per_epoch: how many steps to yield
-        (see :func:`compute_num_steps`).
+        (see :func:`compute_num_steps`). These four names are the loader's own: they
+        are never passed on to ``input_fn``; every other argument is.
 
     Iterating the loader directly runs an implicit ``DataExecutor`` (with the
     ``checkpoint_steps`` of ``cstorch.configure``), so the seeds' plain

@@ -56,7 +56,8 @@ class DataExecutor:
       activation_steps: step closures run on steps ``s`` with ``(s + 1) % a == 0`` and
         on the final step.
       writer: a summary writer for ``summarize_scalar`` (kept for later use).
-      progress_bar: draw the progress bar; None draws it on a terminal.
+      progress_bar: True draws a live bar, False nothing; None (the default) draws a live
+        bar on a terminal and otherwise prints one summary line to stderr at the end.
     """
 
     def __init__(

@@ -15,8 +15,10 @@ __all__ = ["ProgressBar"]
 class ProgressBar:
     """Renders ``step i/N | x steps/s | loss y`` to stderr without waiting for the device.
 
-    The loss shown is the newest scalar step output whose value is already computed
-    (``jax.Array.is_ready``), so drawing never blocks the dispatch of the next step. On
+    The loss shown is the step's scalar output (or the first element of its output
+    tuple): the newest one whose value is already computed (``jax.Array.is_ready``), so
+    drawing never blocks the dispatch of the next step; the final line waits for the
+    last step. On
     a terminal the bar redraws in place a few times per second; otherwise one line is
     printed when the run ends.
     """
@@ -66,6 +68,9 @@ class ProgressBar:
             self.stream.flush()
 
     def close(self) -> None:
+        if self._outputs:
+            # The run is over: wait for the last step so the final line shows its value.
+            self._outputs[-1].block_until_ready()
         if self.live:
             self.stream.write("\r[cerebrax] " + self.text() + "\033[K\n")
         else:
