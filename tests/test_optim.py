@@ -10,8 +10,16 @@ from helpers import rel_err
 import cerebrax as cstorch
 
 torch = pytest.importorskip("torch")
+from optim_harness import (  # noqa: E402
+    SHAPES,
+    GivenGradients,
+    gradients,
+    initial,
+    make_step,
+    torch_params,
+    torch_step,
+)
 
-SHAPES = {"a.weight": (5, 3), "a.bias": (3,), "b.weight": (3, 2)}
 STEPS = 20
 
 # (name, torch class, cerebrax class, kwargs)
@@ -30,65 +38,18 @@ _OPTIMIZERS_UNDER_TEST = [
 ]
 
 
-def _initial(seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()}
-
-
-def _gradients(steps: int, seed: int = 1) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{k: (rng.normal(size=s) * 10.0 ** rng.uniform(-3, 0)).astype(np.float32)
-             for k, s in SHAPES.items()} for _ in range(steps)]
-
-
-class _GivenGradients:
-    """A cerebrax model whose loss ``sum(p * g)`` has exactly the gradient ``g``."""
-
-    def __init__(self, init: dict[str, np.ndarray]):
-        def apply(params, grads):
-            return sum(jnp.sum(params[k] * grads[k]) for k in SHAPES)
-
-        self.model = cstorch.compile(cstorch.FunctionalModel(apply, init), "CPU")
-        self.params = dict(self.model.named_parameters())
-        # torch's parameter order (dict params are flattened in sorted key order).
-        self.ordered = [self.params[k] for k in SHAPES]
-
-
-def _torch_params(init):
-    return {k: torch.nn.Parameter(torch.tensor(v)) for k, v in init.items()}
-
-
-def _torch_step(optimizer, params, grads):
-    for k, p in params.items():
-        p.grad = torch.tensor(grads[k])
-    optimizer.step()
-
-
-def _make_step(model, optimizer, scheduler=None):
-    @cstorch.trace
-    def step(grads):
-        loss = model(grads)
-        cstorch.backward(loss)
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        return loss
-
-    return step
-
-
 @pytest.mark.parametrize("name, cls, kwargs", _OPTIMIZERS_UNDER_TEST,
                          ids=[t[0] for t in _OPTIMIZERS_UNDER_TEST])
 def test_matches_torch_over_20_steps(name, cls, kwargs):
-    init, grads = _initial(), _gradients(STEPS)
-    ours = _GivenGradients(init)
+    init, grads = initial(), gradients(STEPS)
+    ours = GivenGradients(init)
     optimizer = getattr(cstorch.optim, cls)(ours.ordered, **kwargs)
-    step = _make_step(ours.model, optimizer)
-    tparams = _torch_params(init)
+    step = make_step(ours.model, optimizer)
+    tparams = torch_params(init)
     topt = getattr(torch.optim, cls)(list(tparams.values()), **kwargs)
     for g in grads:
         step(g)
-        _torch_step(topt, tparams, g)
+        torch_step(topt, tparams, g)
     state = ours.model.state_dict()
     for k, p in tparams.items():
         assert rel_err(state[k], p.detach().numpy()) <= 1e-6, k
@@ -106,20 +67,20 @@ def test_matches_torch_over_20_steps(name, cls, kwargs):
 
 
 def test_param_groups_with_their_own_hyperparameters():
-    init, grads = _initial(), _gradients(STEPS)
-    ours = _GivenGradients(init)
+    init, grads = initial(), gradients(STEPS)
+    ours = GivenGradients(init)
     p = ours.params
     groups = lambda params: [  # noqa: E731
         {"params": [params["a.weight"], params["a.bias"]], "lr": 1e-2, "weight_decay": 0.0},
         {"params": [params["b.weight"]]},
     ]
     optimizer = cstorch.optim.AdamW(groups(p), lr=3e-3, weight_decay=0.2)
-    step = _make_step(ours.model, optimizer)
-    tparams = _torch_params(init)
+    step = make_step(ours.model, optimizer)
+    tparams = torch_params(init)
     topt = torch.optim.AdamW(groups(tparams), lr=3e-3, weight_decay=0.2)
     for g in grads:
         step(g)
-        _torch_step(topt, tparams, g)
+        torch_step(topt, tparams, g)
     state = ours.model.state_dict()
     for k, tp in tparams.items():
         assert rel_err(state[k], tp.detach().numpy()) <= 1e-6, k
@@ -130,36 +91,36 @@ def test_param_groups_with_their_own_hyperparameters():
 @pytest.mark.parametrize("cls, kwargs", [("SGD", {"lr": 0.05, "momentum": 0.9}),
                                          ("AdamW", {"lr": 1e-2, "amsgrad": True})])
 def test_torch_state_dict_loads_mid_run(cls, kwargs):
-    init, grads = _initial(), _gradients(STEPS)
-    tparams = _torch_params(init)
+    init, grads = initial(), gradients(STEPS)
+    tparams = torch_params(init)
     topt = getattr(torch.optim, cls)(list(tparams.values()), **kwargs)
     for g in grads[:10]:
-        _torch_step(topt, tparams, g)
-    ours = _GivenGradients(init)
+        torch_step(topt, tparams, g)
+    ours = GivenGradients(init)
     ours.model.load_state_dict({k: v.detach() for k, v in tparams.items()})
     optimizer = getattr(cstorch.optim, cls)(ours.ordered, **kwargs)
     optimizer.load_state_dict(topt.state_dict())
-    step = _make_step(ours.model, optimizer)
+    step = make_step(ours.model, optimizer)
     for g in grads[10:]:
         step(g)
-        _torch_step(topt, tparams, g)
+        torch_step(topt, tparams, g)
     state = ours.model.state_dict()
     for k, tp in tparams.items():
         assert rel_err(state[k], tp.detach().numpy()) <= 1e-6, k
 
 
 def test_learning_rate_change_between_steps_needs_no_recompile():
-    init, grads = _initial(), _gradients(4)
-    ours = _GivenGradients(init)
+    init, grads = initial(), gradients(4)
+    ours = GivenGradients(init)
     optimizer = cstorch.optim.SGD(ours.ordered, lr=0.1)
-    step = _make_step(ours.model, optimizer)
-    tparams = _torch_params(init)
+    step = make_step(ours.model, optimizer)
+    tparams = torch_params(init)
     topt = torch.optim.SGD(list(tparams.values()), lr=0.1)
     for i, g in enumerate(grads):
         optimizer.param_groups[0]["lr"] = 0.1 / (i + 1)
         topt.param_groups[0]["lr"] = 0.1 / (i + 1)
         step(g)
-        _torch_step(topt, tparams, g)
+        torch_step(topt, tparams, g)
     assert step.num_compiles == 1
     for k, tp in tparams.items():
         assert rel_err(ours.model.state_dict()[k], tp.detach().numpy()) <= 1e-6
@@ -175,7 +136,7 @@ def test_learning_rate_change_between_steps_needs_no_recompile():
      ("AdamW", {"weight_decay": -0.1}, "Invalid weight_decay")],
 )
 def test_invalid_hyperparameters(cls, kwargs, match):
-    ours = _GivenGradients(_initial())
+    ours = GivenGradients(initial())
     with pytest.raises(cstorch.ConfigError, match=match):
         getattr(cstorch.optim, cls)(ours.ordered, **kwargs)
 
@@ -186,16 +147,16 @@ def test_optimizer_rejects_foreign_parameters():
 
 
 def test_parameter_in_two_groups_is_refused():
-    ours = _GivenGradients(_initial())
+    ours = GivenGradients(initial())
     p = ours.params["a.bias"]
     with pytest.raises(cstorch.ConfigError, match="more than one parameter group"):
         cstorch.optim.SGD([{"params": [p]}, {"params": [p]}], lr=0.1)
 
 
 def test_graph_hyperparameter_cannot_change_after_the_first_step():
-    ours = _GivenGradients(_initial())
+    ours = GivenGradients(initial())
     optimizer = cstorch.optim.AdamW(ours.model.parameters())
-    _make_step(ours.model, optimizer)(_gradients(1)[0])
+    make_step(ours.model, optimizer)(gradients(1)[0])
     with pytest.raises(cstorch.StateError, match="part of the compiled step"):
         optimizer.param_groups[0]["betas"] = (0.5, 0.5)
 
@@ -216,10 +177,10 @@ def test_custom_optimizer_state_only_from_preinitialize():
                     self.state[p]["sign_sum"] = self.state[p]["sign_sum"] + jnp.sign(p.grad)
                     p.value = p.value - group["lr"] * jnp.sign(p.grad)
 
-    init, grads = _initial(), _gradients(3)
-    ours = _GivenGradients(init)
+    init, grads = initial(), gradients(3)
+    ours = GivenGradients(init)
     optimizer = Signum(ours.model.parameters(), lr=0.1)
-    step = _make_step(ours.model, optimizer)
+    step = make_step(ours.model, optimizer)
     for g in grads:
         step(g)
     for k in SHAPES:
@@ -232,7 +193,7 @@ def test_custom_optimizer_state_only_from_preinitialize():
                 for p in group["params"]:
                     self.state[p]["late"] = p.grad
 
-    ours = _GivenGradients(init)
+    ours = GivenGradients(init)
     leaky = Leaky(ours.model.parameters())
     with pytest.raises(cstorch.StateError, match="outside preinitialize"):
-        _make_step(ours.model, leaky)(grads[0])
+        make_step(ours.model, leaky)(grads[0])
