@@ -7,5 +7,6 @@ from ._base import Optimizer as Optimizer
 from ._base import ParamGroup as ParamGroup
 from ._clip import clip_grad_norm_ as clip_grad_norm_
 from ._clip import clip_grad_value_ as clip_grad_value_
+from ._configure import configure_optimizer as configure_optimizer
 from ._optax_optimizer import OptaxOptimizer as OptaxOptimizer
 from ._sgd import SGD as SGD
