@@ -220,3 +220,30 @@ def test_set_half_dtype_validates_and_returns_the_dtype():
     assert cstorch.amp.set_half_dtype("cbfloat16") == jnp.float16
     with pytest.raises(cstorch.ConfigError, match="set_half_dtype"):
         cstorch.amp.set_half_dtype("int8")
+
+
+def test_dynamic_scale_is_capped_by_max_loss_scale():
+    _, _, _, scaler, step = _setup(loss_scale="dynamic", init_scale=2.0**20,
+                                   max_loss_scale=64.0, steps_per_increase=1)
+    assert scaler.state_dict()["loss_scale"] == 64.0  # init is clamped to the max
+    for x, y in batches(4):
+        step(x, y, jnp.float32(0))
+    assert scaler.state_dict()["loss_scale"] == 64.0  # growth stops at the max
+
+
+def test_grad_scaler_state_dict_round_trip():
+    _, _, _, scaler, step = _setup(loss_scale="dynamic", init_scale=32.0, steps_per_increase=2)
+    data = batches(3)
+    step(*data[0], jnp.float32(0))
+    step(*data[1], jnp.float32(1))
+    state = scaler.state_dict()
+    assert state == {"loss_scale": 16.0, "steps_since_rescale": 0,
+                     "overflows_since_rescale": 0, "num_skipped_steps": 1}
+    other = cstorch.amp.GradScaler(loss_scale="dynamic")
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+def test_max_gradient_norm_argument_is_deprecated():
+    with pytest.warns(DeprecationWarning, match="optimizer_step"):
+        cstorch.amp.GradScaler(loss_scale="dynamic", max_gradient_norm=1.0)

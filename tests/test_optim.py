@@ -89,24 +89,29 @@ def test_param_groups_with_their_own_hyperparameters():
 
 
 @pytest.mark.parametrize("cls, kwargs", [("SGD", {"lr": 0.05, "momentum": 0.9}),
+                                         ("AdamW", {"lr": 1e-2}),
                                          ("AdamW", {"lr": 1e-2, "amsgrad": True})])
-def test_torch_state_dict_loads_mid_run(cls, kwargs):
-    init, grads = initial(), gradients(STEPS)
+def test_torch_state_dict_saved_mid_run_continues_the_torch_run(cls, kwargs, tmp_path):
+    """torch trains 15 steps and saves; cerebrax loads and trains 15 more, like torch."""
+    init, grads = initial(), gradients(30)
     tparams = torch_params(init)
     topt = getattr(torch.optim, cls)(list(tparams.values()), **kwargs)
-    for g in grads[:10]:
+    for g in grads[:15]:
         torch_step(topt, tparams, g)
+    torch.save({"model": {k: v.detach() for k, v in tparams.items()},
+                "optimizer": topt.state_dict()}, tmp_path / "torch_step15.pt")
+    saved = torch.load(tmp_path / "torch_step15.pt")
     ours = GivenGradients(init)
-    ours.model.load_state_dict({k: v.detach() for k, v in tparams.items()})
+    ours.model.load_state_dict(saved["model"])
     optimizer = getattr(cstorch.optim, cls)(ours.ordered, **kwargs)
-    optimizer.load_state_dict(topt.state_dict())
+    optimizer.load_state_dict(saved["optimizer"])
     step = make_step(ours.model, optimizer)
-    for g in grads[10:]:
+    for g in grads[15:]:
         step(g)
         torch_step(topt, tparams, g)
     state = ours.model.state_dict()
     for k, tp in tparams.items():
-        assert rel_err(state[k], tp.detach().numpy()) <= 1e-6, k
+        assert rel_err(state[k], tp.detach().numpy()) <= 1e-5, k
 
 
 def test_learning_rate_change_between_steps_needs_no_recompile():
