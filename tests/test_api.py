@@ -19,6 +19,7 @@ PUBLIC = {
         "CheckpointError", "ConfigError", "BackendError", "StateError", "__version__",
     ],
     "cerebrax.optim": ["Optimizer", "OptaxOptimizer", "ParamGroup", "SGD", "AdamW",
+                       "configure_optimizer",
                        "clip_grad_norm_", "clip_grad_value_", "lr_scheduler", "transforms"],
     "cerebrax.optim.transforms": ["sgd", "adamw", "scale_by_torch_adam",
                                   "scale_by_torch_momentum"],
@@ -30,7 +31,9 @@ PUBLIC = {
     "cerebrax.utils.data": ["DataLoader", "DataExecutor", "compute_num_steps"],
     "cerebrax.data": ["DataLoader", "DataExecutor", "current_executor", "to_device"],
     "cerebrax.distributed": ["ClusterConfig"],
-    "cerebrax.metrics": ["Metric", "AccuracyMetric", "get_all_metrics"],
+    "cerebrax.metrics": ["Metric", "AccuracyMetric", "MeanMetric", "PerplexityMetric",
+                         "FBetaScoreMetric", "MeanIOUMetric", "DiceCoefficientMetric",
+                         "MeanPerClassAccuracyMetric", "get_all_metrics"],
     "cerebrax.ckpt": ["save", "load", "is_checkpoint"],
     "cerebrax.errors": ["CerebraxError", "RecompileError", "TensorReadError"],
 }

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._base import Metric, as_float
+from ._base import Metric, as_float, divide_no_nan
 
 __all__ = ["AccuracyMetric"]
 
@@ -29,9 +29,9 @@ class AccuracyMetric(Metric):
     def _initial_state(self) -> dict[str, jax.Array]:
         return {"total_correct": jnp.float32(0), "total_count": jnp.float32(0)}
 
-    def _update(self, state, labels: Any, predictions: Any, weights: Any = None,
-                dtype: Any = None) -> dict[str, jax.Array]:
-        del dtype
+    def _update(
+        self, state, labels: Any, predictions: Any, weights: Any = None
+    ) -> dict[str, jax.Array]:
         labels, predictions = jnp.asarray(labels), jnp.asarray(predictions)
         correct = as_float(labels == predictions)
         if weights is None:
@@ -40,8 +40,10 @@ class AccuracyMetric(Metric):
             weights = as_float(weights)
             correct = correct * weights
             count = jnp.sum(as_float(weights > 0))
-        return {"total_correct": state["total_correct"] + jnp.sum(correct),
-                "total_count": state["total_count"] + count}
+        return {
+            "total_correct": state["total_correct"] + jnp.sum(correct),
+            "total_count": state["total_count"] + count,
+        }
 
     def _compute(self, state) -> jax.Array:
-        return state["total_correct"] / jnp.maximum(state["total_count"], 1e-30)
+        return divide_no_nan(state["total_correct"], state["total_count"])

@@ -5,6 +5,9 @@ gives the accumulators, ``_update`` is a pure function from the old accumulators
 batch to the new ones, ``_compute`` a pure function from the accumulators to the value.
 Inside a traced step ``metric(...)`` updates the accumulators in the graph; after the
 steps ``float(metric)`` reads the final value.
+
+The number of updates is registered state as well (an int32 counter), so an update
+inside a traced step counts on every call of the step, not only when it is traced.
 """
 
 from __future__ import annotations
@@ -16,14 +19,32 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _state
+from ..errors import ConfigError, StateError
 from ..trace import deferrable
 
 __all__ = ["Metric", "get_all_metrics"]
 
 _METRICS: weakref.WeakValueDictionary[str, Metric] = weakref.WeakValueDictionary()
 _COUNTER = itertools.count()
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+MSG_NOT_UPDATED = """\
+Trying to compute metric `{name}`, but the metric has not been updated since it was
+created or last reset, so it has no value yet.
+
+Wrong:
+    accuracy = cstorch.metrics.AccuracyMetric("accuracy")
+    print(float(accuracy))                    # no batch has been seen
+Right:
+    @cstorch.trace
+    def eval_step(x, y):
+        accuracy(labels=y, predictions=model(x).argmax(-1))
+    for x, y in executor:
+        eval_step(x, y)
+    print(float(accuracy))                    # after the steps that updated it"""
 
 
 def get_all_metrics() -> dict[str, Metric]:
@@ -32,7 +53,14 @@ def get_all_metrics() -> dict[str, Metric]:
 
 
 class Metric(abc.ABC):
-    """Base class of metrics. ``name`` is made unique (``name.1``, ``name.2``, ...)."""
+    """Base class of metrics. ``name`` is made unique (``name.1``, ``name.2``, ...).
+
+    Subclasses implement three pure pieces: ``_initial_state`` (the accumulators),
+    ``_update(state, *batch)`` (new accumulators) and ``_compute(state)`` (the value).
+    ``update(*batch, dtype=None)`` accumulates one batch; ``dtype`` (keyword only)
+    casts the value that ``compute`` returns. ``compute`` before any update raises
+    :class:`cerebrax.StateError` on every backend.
+    """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -40,6 +68,10 @@ class Metric(abc.ABC):
             cls.update = deferrable(f"{cls.__name__}.update()")(cls.__dict__["update"])
 
     def __init__(self, name: str | None = None):
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(
+                f"{type(self).__name__}: `name` must be a string or None, got {name!r}."
+            )
         base = name or type(self).__name__
         unique, i = base, 0
         while unique in _METRICS:
@@ -48,7 +80,8 @@ class Metric(abc.ABC):
         self.name = unique
         _METRICS[unique] = self
         self._state = _state.StateRef(self._initial_state(), name=f"metric {unique}")
-        self.num_updates = 0
+        self._count = _state.StateRef(jnp.int32(0), name=f"metric {unique} num_updates")
+        self._dtype: Any = None
 
     @abc.abstractmethod
     def _initial_state(self) -> dict[str, jax.Array]:
@@ -64,28 +97,53 @@ class Metric(abc.ABC):
     def _compute(self, state: dict[str, jax.Array]) -> jax.Array:
         """The metric's value from the accumulators (pure)."""
 
+    @property
+    def num_updates(self) -> int | jax.Array:
+        """Updates since creation or the last reset, counting every traced step's call.
+
+        Outside a traced step this is a Python int; inside one it is the traced count.
+        """
+        count = self._count.value
+        if _state.active_context() is not None:
+            return count
+        # Host sync point: waits for the steps that updated the metric.
+        return int(jax.device_get(count))
+
     @deferrable("Metric.update()")
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        """Accumulates one batch."""
+    def update(self, *args: Any, dtype: Any = None, **kwargs: Any) -> None:
+        """Accumulates one batch; ``dtype`` casts the value ``compute`` returns."""
         self._state.value = self._update(dict(self._state.value), *args, **kwargs)
-        if _state.active_context() is None:
-            self.num_updates += 1
+        count = self._count.value
+        self._count.value = jnp.where(count < _INT32_MAX, count + 1, count)
+        self._dtype = dtype
 
     def compute(self) -> jax.Array:
-        """The metric's value (a traced value inside a step)."""
-        return self._compute(self._state.value)
+        """The metric's value (a traced value inside a step).
+
+        Raises:
+          StateError: outside a traced step, when the metric has not been updated since
+            it was created or last reset.
+        """
+        if _state.active_context() is None and self.num_updates == 0:
+            raise StateError(MSG_NOT_UPDATED.format(name=self.name))
+        return self._value()
+
+    def _value(self) -> jax.Array:
+        value = self._compute(self._state.value)
+        return value if self._dtype is None else value.astype(self._dtype)
 
     def reset(self) -> None:
-        """Zeroes the accumulators."""
+        """Zeroes the accumulators and the update count."""
         self._state.value = self._initial_state()
-        self.num_updates = 0
+        self._count.value = jnp.int32(0)
+        self._dtype = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.update(*args, **kwargs)
         ctx = _state.active_context()
         if ctx is not None and ctx.after_backward:
             return None  # the update runs after the backward pass; read it later
-        return self.compute()
+        return self._value()  # just updated: no need to check (or sync on) the count
 
     def __float__(self) -> float:
         # Host sync point: waits for the steps that updated the metric.
@@ -97,3 +155,9 @@ class Metric(abc.ABC):
 
 def as_float(x: Any) -> jax.Array:
     return jnp.asarray(x).astype(jnp.float32)
+
+
+def divide_no_nan(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
+    """``numerator / denominator``, and 0 wherever the denominator is 0."""
+    nonzero = denominator != 0
+    return jnp.where(nonzero, numerator / jnp.where(nonzero, denominator, 1), 0)

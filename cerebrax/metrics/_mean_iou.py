@@ -1,0 +1,46 @@
+"""``MeanIOUMetric``: intersection over union per class, averaged over classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._confusion import ConfusionMatrixMetric, masked_class_mean
+
+__all__ = ["MeanIOUMetric"]
+
+
+class MeanIOUMetric(ConfusionMatrixMetric):
+    """Mean intersection over union, the usual score of semantic segmentation.
+
+    ``update(labels, predictions, weights=None)`` adds each element's weight (default 1;
+    weights broadcast to the labels' shape, 0 masks an element) to the confusion matrix
+    ``cm`` (rows labels, columns predictions). With ``tp = diag(cm)``::
+
+        iou[c] = tp[c] / (sum(cm[c, :]) + sum(cm[:, c]) - tp[c])
+
+    and the value is the mean of ``iou`` over the classes not in ``ignore_classes``
+    whose denominator is non-zero (0 if there is none).
+
+    Args:
+      num_classes: the number of classes (at least 1).
+      ignore_classes: classes left out of the mean: None, one index, or several.
+      name: the metric's name (default ``"MeanIOUMetric"``).
+
+    Example:
+      >>> miou = cstorch.metrics.MeanIOUMetric(num_classes=3)
+      >>> miou.update(labels=jnp.array([0, 1, 1, 2]), predictions=jnp.array([0, 1, 2, 2]))
+      >>> round(float(miou), 4)  # (1 + 1/2 + 1/2) / 3
+      0.6667
+    """
+
+    def __init__(self, num_classes: int, ignore_classes: Any = None, name: str | None = None):
+        super().__init__(num_classes, ignore_classes, ignore_arg="ignore_classes", name=name)
+
+    def _compute(self, state) -> jax.Array:
+        cm = state["confusion_matrix"]
+        tp = jnp.diagonal(cm)
+        union = jnp.sum(cm, axis=0) + jnp.sum(cm, axis=1) - tp
+        return masked_class_mean(tp, union, self.class_mask)
