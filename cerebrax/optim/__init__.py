@@ -2,11 +2,14 @@
 
 from . import lr_scheduler as lr_scheduler
 from . import transforms as transforms
+from ._adafactor import Adafactor as Adafactor
 from ._adamw import AdamW as AdamW
 from ._base import Optimizer as Optimizer
 from ._base import ParamGroup as ParamGroup
 from ._clip import clip_grad_norm_ as clip_grad_norm_
 from ._clip import clip_grad_value_ as clip_grad_value_
 from ._configure import configure_optimizer as configure_optimizer
+from ._lamb_lion import Lamb as Lamb
+from ._lamb_lion import Lion as Lion
 from ._optax_optimizer import OptaxOptimizer as OptaxOptimizer
 from ._sgd import SGD as SGD

@@ -4,9 +4,21 @@ A JAX user needs none of the stateful classes: ``cerebrax.optim.transforms.adamw
 is an ``optax.GradientTransformation`` like any other.
 """
 
+from ._adafactor import RelativeStepState as RelativeStepState
+from ._adafactor import TorchAdafactorState as TorchAdafactorState
+from ._adafactor import adafactor as adafactor
+from ._adafactor import scale_by_relative_step as scale_by_relative_step
+from ._adafactor import scale_by_torch_factored_rms as scale_by_torch_factored_rms
 from ._adam import TorchAdamState as TorchAdamState
 from ._adam import adamw as adamw
 from ._adam import scale_by_torch_adam as scale_by_torch_adam
+from ._lamb_lion import LambState as LambState
+from ._lamb_lion import LionState as LionState
+from ._lamb_lion import lamb as lamb
+from ._lamb_lion import lion as lion
+from ._lamb_lion import scale_by_clamped_trust_ratio as scale_by_clamped_trust_ratio
+from ._lamb_lion import scale_by_lamb_moments as scale_by_lamb_moments
+from ._lamb_lion import scale_by_lion_sign as scale_by_lion_sign
 from ._sgd import MomentumState as MomentumState
 from ._sgd import scale_by_torch_momentum as scale_by_torch_momentum
 from ._sgd import sgd as sgd
