@@ -4,6 +4,11 @@ from . import lr_scheduler as lr_scheduler
 from . import transforms as transforms
 from ._adafactor import Adafactor as Adafactor
 from ._adamw import AdamW as AdamW
+from ._adaptive import ASGD as ASGD
+from ._adaptive import Adadelta as Adadelta
+from ._adaptive import Adagrad as Adagrad
+from ._adaptive import RMSprop as RMSprop
+from ._adaptive import Rprop as Rprop
 from ._base import Optimizer as Optimizer
 from ._base import ParamGroup as ParamGroup
 from ._clip import clip_grad_norm_ as clip_grad_norm_
