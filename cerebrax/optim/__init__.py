@@ -1,8 +1,13 @@
 """Optimizers: pure optax factories (``transforms``) and thin cstorch-style classes."""
 
+from ..schedules import configure_lr_scheduler as configure_lr_scheduler
 from . import lr_scheduler as lr_scheduler
 from . import transforms as transforms
 from ._adafactor import Adafactor as Adafactor
+from ._adam_family import Adam as Adam
+from ._adam_family import Adamax as Adamax
+from ._adam_family import NAdam as NAdam
+from ._adam_family import RAdam as RAdam
 from ._adamw import AdamW as AdamW
 from ._adaptive import ASGD as ASGD
 from ._adaptive import Adadelta as Adadelta

@@ -1,7 +1,22 @@
 """``cstorch.optim.lr_scheduler``: the scheduler classes of :mod:`cerebrax.schedules`."""
 
+from ..schedules import ChainedLR as ChainedLR
+from ..schedules import ChainedScheduler as ChainedScheduler
 from ..schedules import ConstantLR as ConstantLR
+from ..schedules import CosineAnnealingLR as CosineAnnealingLR
+from ..schedules import CosineAnnealingWarmRestarts as CosineAnnealingWarmRestarts
 from ..schedules import CosineDecayLR as CosineDecayLR
+from ..schedules import CyclicLR as CyclicLR
+from ..schedules import ExponentialLR as ExponentialLR
+from ..schedules import InverseExponentialTimeDecayLR as InverseExponentialTimeDecayLR
+from ..schedules import InverseSquareRootDecayLR as InverseSquareRootDecayLR
+from ..schedules import LambdaLR as LambdaLR
 from ..schedules import LinearLR as LinearLR
 from ..schedules import LRScheduler as LRScheduler
+from ..schedules import MultiplicativeLR as MultiplicativeLR
+from ..schedules import MultiStepLR as MultiStepLR
+from ..schedules import OneCycleLR as OneCycleLR
+from ..schedules import PiecewiseConstantLR as PiecewiseConstantLR
 from ..schedules import PolynomialLR as PolynomialLR
+from ..schedules import SequentialLR as SequentialLR
+from ..schedules import StepLR as StepLR

@@ -1,15 +1,47 @@
 """Closed-form learning-rate schedules and the ``LRScheduler`` classes.
 
-Re-exported as ``cerebrax.optim.lr_scheduler``.
+Every schedule is a pure function of the step (``cerebrax.schedules.cosine_decay(...)``)
+and a cstorch-style class that evaluates it (re-exported as
+``cerebrax.optim.lr_scheduler``).
 """
 
 from ._base import LRScheduler as LRScheduler
 from ._closed_form import Schedule as Schedule
+from ._closed_form import chained as chained
 from ._closed_form import constant as constant
+from ._closed_form import cosine_annealing as cosine_annealing
+from ._closed_form import cosine_annealing_warm_restarts as cosine_annealing_warm_restarts
 from ._closed_form import cosine_decay as cosine_decay
+from ._closed_form import cyclic as cyclic
+from ._closed_form import exponential as exponential
+from ._closed_form import inverse_exponential_time_decay as inverse_exponential_time_decay
+from ._closed_form import inverse_square_root_decay as inverse_square_root_decay
+from ._closed_form import lambda_schedule as lambda_schedule
 from ._closed_form import linear as linear
+from ._closed_form import multi_step as multi_step
+from ._closed_form import multiplicative as multiplicative
+from ._closed_form import one_cycle as one_cycle
+from ._closed_form import piecewise_constant as piecewise_constant
 from ._closed_form import polynomial as polynomial
+from ._closed_form import sequential as sequential
+from ._closed_form import step_decay as step_decay
+from ._composite import ChainedLR as ChainedLR
+from ._composite import ChainedScheduler as ChainedScheduler
+from ._composite import SequentialLR as SequentialLR
+from ._configure import configure_lr_scheduler as configure_lr_scheduler
 from ._schedulers import ConstantLR as ConstantLR
+from ._schedulers import CosineAnnealingLR as CosineAnnealingLR
+from ._schedulers import CosineAnnealingWarmRestarts as CosineAnnealingWarmRestarts
 from ._schedulers import CosineDecayLR as CosineDecayLR
+from ._schedulers import CyclicLR as CyclicLR
+from ._schedulers import ExponentialLR as ExponentialLR
+from ._schedulers import InverseExponentialTimeDecayLR as InverseExponentialTimeDecayLR
+from ._schedulers import InverseSquareRootDecayLR as InverseSquareRootDecayLR
+from ._schedulers import LambdaLR as LambdaLR
 from ._schedulers import LinearLR as LinearLR
+from ._schedulers import MultiplicativeLR as MultiplicativeLR
+from ._schedulers import MultiStepLR as MultiStepLR
+from ._schedulers import OneCycleLR as OneCycleLR
+from ._schedulers import PiecewiseConstantLR as PiecewiseConstantLR
 from ._schedulers import PolynomialLR as PolynomialLR
+from ._schedulers import StepLR as StepLR

@@ -1,15 +1,26 @@
-"""The scheduler classes: thin wrappers that evaluate a closed form at ``last_epoch``."""
+"""The scheduler classes: thin wrappers that evaluate a closed form at ``last_epoch``.
+
+Each class keeps cstorch's constructor arguments as attributes and builds its schedule
+with the matching factory of :mod:`cerebrax.schedules`; none holds any math.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.typing import ArrayLike
 
 from . import _closed_form
 from ._base import LRScheduler
 
-__all__ = ["ConstantLR", "CosineDecayLR", "LinearLR", "PolynomialLR"]
+__all__ = [
+    "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CosineDecayLR",
+    "CyclicLR", "ExponentialLR", "InverseExponentialTimeDecayLR", "InverseSquareRootDecayLR",
+    "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR",
+    "PiecewiseConstantLR", "PolynomialLR", "StepLR",
+]
 
 
 class _ClosedFormScheduler(LRScheduler):
@@ -18,20 +29,32 @@ class _ClosedFormScheduler(LRScheduler):
     def _get_closed_form_lr(self) -> jax.Array:
         return self._schedule(self.last_epoch)
 
+    def _lr_at(self, step: ArrayLike) -> jax.Array:
+        return self._schedule(step)
+
 
 class ConstantLR(_ClosedFormScheduler):
-    """A constant learning rate: ``lr(t) = learning_rate``."""
+    """A constant learning rate: ``lr(t) = learning_rate``.
+
+    ``total_iters`` only says how long the scheduler runs inside a ``SequentialLR``
+    built by ``configure_lr_scheduler``.
+    """
 
     def __init__(self, optimizer: Any, learning_rate: float, total_iters: int | None = None):
         self.learning_rate = learning_rate
         self._schedule = _closed_form.constant(learning_rate)
         super().__init__(optimizer, total_iters=total_iters)
 
+    def _reference_lr(self) -> float | None:
+        return self.learning_rate
+
 
 class PolynomialLR(_ClosedFormScheduler):
     """``end + (init - end) * (1 - t / T) ** power`` for ``t < T``, then ``end``.
 
-    ``cycle`` is accepted for cstorch compatibility and, as there, has no effect.
+    torch's ``PolynomialLR(total_iters, power)`` is ``end_learning_rate=0`` with
+    ``initial_learning_rate`` the optimizer's lr. ``cycle`` is accepted for cstorch
+    compatibility and, as there, has no effect.
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
@@ -48,7 +71,8 @@ class PolynomialLR(_ClosedFormScheduler):
 
 class LinearLR(PolynomialLR):
     """A linear ramp from ``initial_learning_rate`` to ``end_learning_rate`` in
-    ``total_iters`` steps, then constant (cstorch's LinearLR: absolute rates).
+    ``total_iters`` steps, then constant (cstorch's LinearLR: absolute rates; torch's
+    ``LinearLR(start_factor, end_factor)`` is ``lr * start_factor -> lr * end_factor``).
 
     Example:
       >>> scheduler = cstorch.optim.lr_scheduler.LinearLR(
@@ -61,8 +85,53 @@ class LinearLR(PolynomialLR):
                          power=1.0, cycle=cycle)
 
 
+class ExponentialLR(_ClosedFormScheduler):
+    """``init * decay_rate ** (t / total_iters)``; with ``staircase`` the exponent is
+    ``floor(t / total_iters)``. torch's ``ExponentialLR(gamma)`` is ``total_iters=1``,
+    ``decay_rate=gamma``; torch's ``StepLR(step_size, gamma)`` is
+    ``total_iters=step_size, staircase=True``.
+    """
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, total_iters: int,
+                 decay_rate: float, staircase: bool = False):
+        self.initial_learning_rate = initial_learning_rate
+        self.decay_rate = decay_rate
+        self.staircase = staircase
+        self._schedule = _closed_form.exponential(
+            initial_learning_rate, total_iters, decay_rate, staircase)
+        super().__init__(optimizer, total_iters=total_iters)
+
+
+class InverseExponentialTimeDecayLR(_ClosedFormScheduler):
+    """``init / (1 + decay_rate * t ** step_exponent / total_iters)``, the quotient
+    floored with ``staircase`` (Keras' ``InverseTimeDecay`` with a step exponent)."""
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, step_exponent: int,
+                 total_iters: int, decay_rate: float, staircase: bool = False):
+        self.initial_learning_rate = initial_learning_rate
+        self.step_exponent = step_exponent
+        self.decay_rate = decay_rate
+        self.staircase = staircase
+        self._schedule = _closed_form.inverse_exponential_time_decay(
+            initial_learning_rate, step_exponent, total_iters, decay_rate, staircase)
+        super().__init__(optimizer, total_iters=total_iters)
+
+
+class InverseSquareRootDecayLR(_ClosedFormScheduler):
+    """``init * scale / sqrt(max(t, warmup_steps))``."""
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float = 1.0, scale: float = 1.0,
+                 warmup_steps: int = 1):
+        self.initial_learning_rate = initial_learning_rate
+        self.scale = scale
+        self.warmup_steps = warmup_steps
+        self._schedule = _closed_form.inverse_square_root_decay(
+            initial_learning_rate, scale, warmup_steps)
+        super().__init__(optimizer)
+
+
 class CosineDecayLR(_ClosedFormScheduler):
-    """``end + (init - end) * (1 + cos(pi * min(t, T) / T)) / 2``."""
+    """``end + (init - end) * (1 + cos(pi * min(t, T) / T)) / 2`` (Keras' ``CosineDecay``)."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
                  end_learning_rate: float, total_iters: int):
@@ -71,3 +140,168 @@ class CosineDecayLR(_ClosedFormScheduler):
         self._schedule = _closed_form.cosine_decay(
             initial_learning_rate, end_learning_rate, total_iters)
         super().__init__(optimizer, total_iters=total_iters)
+
+
+class CosineAnnealingLR(_ClosedFormScheduler):
+    """``eta_min + (init - eta_min) * (1 + cos(pi * t / T_max)) / 2``, periodic past
+    ``T_max`` like torch's ``CosineAnnealingLR`` (whose ``base_lr`` is ``init``)."""
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, T_max: int,  # noqa: N803
+                 eta_min: float = 0.0):
+        self.initial_learning_rate = initial_learning_rate
+        self.T_max = T_max
+        self.eta_min = eta_min
+        self._schedule = _closed_form.cosine_annealing(initial_learning_rate, T_max, eta_min)
+        super().__init__(optimizer)
+
+
+class CosineAnnealingWarmRestarts(_ClosedFormScheduler):
+    """SGDR restarts: cycle ``i`` lasts ``T_0 * T_mult ** i`` steps and anneals from
+    ``init`` to ``eta_min`` by ``eta_min + (init - eta_min) (1 + cos(pi T_cur / T_i)) / 2``.
+
+    This follows torch's ``CosineAnnealingWarmRestarts``: ``T_cur`` is the number of
+    steps since the last restart (``t mod T_0`` when ``T_mult == 1``) and any integer
+    ``T_mult >= 1`` works. cstorch accepts only ``T_mult == 1`` and computes
+    ``T_cur = T_0 * (floor(t / T_0) - 1)`` from the second cycle on, which holds the
+    rate constant within each later cycle instead of restarting the cosine; cerebrax
+    does not reproduce that.
+    """
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, T_0: int,  # noqa: N803
+                 T_mult: int = 1, eta_min: float = 0.0):  # noqa: N803
+        self.initial_learning_rate = initial_learning_rate
+        self.T_0 = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self._schedule = _closed_form.cosine_annealing_warm_restarts(
+            initial_learning_rate, T_0, T_mult, eta_min)
+        super().__init__(optimizer)
+
+
+class StepLR(_ClosedFormScheduler):
+    """``init * gamma ** floor(t / step_size)`` (torch's ``StepLR``)."""
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, step_size: int,
+                 gamma: float):
+        self.initial_learning_rate = initial_learning_rate
+        self.step_size = step_size
+        self.gamma = gamma
+        self._schedule = _closed_form.step_decay(initial_learning_rate, step_size, gamma)
+        super().__init__(optimizer)
+
+
+class MultiStepLR(_ClosedFormScheduler):
+    """``init * gamma ** (number of milestones <= t)`` (torch's ``MultiStepLR``)."""
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, gamma: float,
+                 milestones: Sequence[int]):
+        self.initial_learning_rate = initial_learning_rate
+        self.gamma = gamma
+        self.milestones = milestones
+        self._schedule = _closed_form.multi_step(initial_learning_rate, gamma, milestones)
+        super().__init__(optimizer)
+
+
+class MultiplicativeLR(_ClosedFormScheduler):
+    """``init * coefficient ** t`` (torch's ``MultiplicativeLR`` with a constant factor)."""
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, coefficient: float):
+        self.initial_learning_rate = initial_learning_rate
+        self.coefficient = coefficient
+        self._schedule = _closed_form.multiplicative(initial_learning_rate, coefficient)
+        super().__init__(optimizer)
+
+
+class PiecewiseConstantLR(_ClosedFormScheduler):
+    """``learning_rates[k]`` where ``k`` is the number of milestones ``<= t``.
+
+    Example:
+      >>> scheduler = cstorch.optim.lr_scheduler.PiecewiseConstantLR(
+      ...     optimizer, learning_rates=[0.1, 0.01, 0.001], milestones=[1000, 2000])
+    """
+
+    def __init__(self, optimizer: Any, learning_rates: Sequence[float],
+                 milestones: Sequence[int]):
+        self.learning_rates = learning_rates
+        self.milestones = milestones
+        self._schedule = _closed_form.piecewise_constant(learning_rates, milestones)
+        super().__init__(optimizer)
+
+    def _reference_lr(self) -> float | None:
+        return self.learning_rates[0]
+
+
+class LambdaLR(_ClosedFormScheduler):
+    """``prod_i initial_learning_rate * lambda_i(t)`` over the lambdas of
+    :meth:`set_value_lambda`.
+
+    With one ``lr_lambda`` this is torch's ``LambdaLR`` (``base_lr * lr_lambda(t)``).
+    The lambda receives the int32 step and is traced, so it must use ``jnp`` ops
+    (``jnp.minimum``, ``jnp.where``), not Python branches on the step. Without
+    ``lr_lambda`` the rate is cstorch's placeholder ``init**2 * (t / 30) * 0.95**t``;
+    cstorch expects subclasses to override :meth:`set_value_lambda`, which works here too.
+
+    Example:
+      >>> scheduler = cstorch.optim.lr_scheduler.LambdaLR(
+      ...     optimizer, 0.1, lr_lambda=lambda t: jnp.minimum(1.0, (t + 1) / 100))
+    """
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float,
+                 lr_lambda: Callable | Sequence[Callable] | None = None):
+        self.initial_learning_rate = initial_learning_rate
+        self.lr_lambda = lr_lambda
+        self._schedule = _closed_form.lambda_schedule(
+            initial_learning_rate, self.set_value_lambda())
+        super().__init__(optimizer)
+
+    def set_value_lambda(self) -> Callable | Sequence[Callable] | None:
+        """The lambda(s) of the step; ``None`` selects cstorch's placeholders."""
+        return self.lr_lambda
+
+
+class CyclicLR(_ClosedFormScheduler):
+    """torch's ``CyclicLR`` (modes ``"triangular"``, ``"triangular2"``, ``"exp_range"``):
+    ``base_lr + (max_lr - base_lr) * rise(t) * scale``. Momentum is not cycled; the mode
+    decides whether the scale follows the cycle or the step, as in cstorch."""
+
+    def __init__(self, optimizer: Any, base_lr: float, max_lr: float,
+                 step_size_up: int = 2000, step_size_down: int | None = None,
+                 mode: str = "triangular", gamma: float = 1.0, scale_mode: str = "cycle"):
+        self.base_lr = base_lr
+        self.max_lr = max_lr
+        self.step_size_up = step_size_up
+        self.step_size_down = step_size_up if step_size_down is None else step_size_down
+        self.mode = mode
+        self.gamma = gamma
+        self.scale_mode = scale_mode
+        self._schedule = _closed_form.cyclic(
+            base_lr, max_lr, step_size_up, step_size_down, mode, gamma, scale_mode)
+        super().__init__(optimizer)
+
+    def _reference_lr(self) -> float | None:
+        return self.base_lr
+
+
+class OneCycleLR(_ClosedFormScheduler):
+    """The 1cycle policy of torch's ``OneCycleLR`` with
+    ``initial_learning_rate = max_lr / div_factor`` and no momentum cycling.
+
+    See :func:`cerebrax.schedules.one_cycle` for the phases. ``total_iters`` is
+    ``total_steps``.
+    """
+
+    def __init__(self, optimizer: Any, initial_learning_rate: float, max_lr: float,
+                 total_steps: int = 1000, pct_start: float = 0.3,
+                 final_div_factor: float = 1e4, three_phase: bool = False,
+                 anneal_strategy: str = "cos"):
+        self.initial_learning_rate = initial_learning_rate
+        self.max_lr = max_lr
+        self.total_steps = total_steps
+        self.pct_start = pct_start
+        self.final_div_factor = final_div_factor
+        self.three_phase = three_phase
+        self.anneal_strategy = anneal_strategy
+        self._schedule = _closed_form.one_cycle(
+            initial_learning_rate, max_lr, total_steps, pct_start, final_div_factor,
+            three_phase, anneal_strategy)
+        super().__init__(optimizer, total_iters=total_steps)

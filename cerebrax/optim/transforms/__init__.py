@@ -12,6 +12,17 @@ from ._adafactor import scale_by_torch_factored_rms as scale_by_torch_factored_r
 from ._adam import TorchAdamState as TorchAdamState
 from ._adam import adamw as adamw
 from ._adam import scale_by_torch_adam as scale_by_torch_adam
+from ._adam_family import TorchAdamaxState as TorchAdamaxState
+from ._adam_family import TorchNAdamState as TorchNAdamState
+from ._adam_family import TorchRAdamState as TorchRAdamState
+from ._adam_family import adam as adam
+from ._adam_family import adamax as adamax
+from ._adam_family import add_decoupled_weight_decay as add_decoupled_weight_decay
+from ._adam_family import nadam as nadam
+from ._adam_family import radam as radam
+from ._adam_family import scale_by_torch_adamax as scale_by_torch_adamax
+from ._adam_family import scale_by_torch_nadam as scale_by_torch_nadam
+from ._adam_family import scale_by_torch_radam as scale_by_torch_radam
 from ._adaptive import AdadeltaState as AdadeltaState
 from ._adaptive import AdagradState as AdagradState
 from ._adaptive import ASGDState as ASGDState

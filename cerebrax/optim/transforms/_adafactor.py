@@ -10,8 +10,7 @@ import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
-from ._adam import _lerp
-from ._common import check_non_negative, maybe_negate
+from ._common import check_non_negative, lerp, maybe_negate
 
 __all__ = [
     "RelativeStepState",
@@ -107,12 +106,12 @@ def scale_by_torch_factored_rms(
             eps1_g = _eps1_of(eps1, g)
             g2 = jnp.square(g)
             if _factored(g):
-                row = _lerp(row, jnp.mean(g2, axis=-1, keepdims=True), weight)
-                col = _lerp(col, jnp.mean(g2, axis=-2, keepdims=True), weight)
+                row = lerp(row, jnp.mean(g2, axis=-1, keepdims=True), weight)
+                col = lerp(col, jnp.mean(g2, axis=-2, keepdims=True), weight)
                 row_mean = jnp.maximum(jnp.mean(row, axis=-2, keepdims=True), eps1_g)
                 v = row * col / row_mean
             else:
-                v = variance = _lerp(variance, g2, weight)
+                v = variance = lerp(variance, g2, weight)
             u = jax.lax.rsqrt(jnp.maximum(v, eps1_g * eps1_g)) * g
             u = u / jnp.maximum(1.0, _rms(u) / d)
             out.append(u)

@@ -12,6 +12,7 @@ from jax.typing import ArrayLike
 from ._common import (
     check_in_unit_interval,
     check_non_negative,
+    lerp,
     maybe_negate,
     one_minus,
     one_minus_power,
@@ -28,15 +29,6 @@ class TorchAdamState(NamedTuple):
     exp_avg: optax.Updates
     exp_avg_sq: optax.Updates
     max_exp_avg_sq: optax.Updates  # running max of exp_avg_sq (amsgrad); else empty
-
-
-def _lerp(start: jax.Array, end: jax.Array, weight: jax.Array) -> jax.Array:
-    """``start + weight * (end - start)``, evaluated the way torch's ``lerp_`` does."""
-    return jnp.where(
-        jnp.abs(weight) < 0.5,
-        start + weight * (end - start),
-        end - (end - start) * (1 - weight),
-    )
 
 
 def scale_by_torch_adam(
@@ -69,7 +61,7 @@ def scale_by_torch_adam(
     def update_fn(updates, state, params=None):
         del params
         count = optax.safe_increment(state.count)
-        m = jax.tree.map(lambda m, g: _lerp(m, g, one_minus_b1), state.exp_avg, updates)
+        m = jax.tree.map(lambda m, g: lerp(m, g, one_minus_b1), state.exp_avg, updates)
         v = jax.tree.map(lambda v, g: v * b2 + (one_minus_b2 * g) * g, state.exp_avg_sq, updates)
         vmax = jax.tree.map(jnp.maximum, state.max_exp_avg_sq, v) if amsgrad else ()
         t = count.astype(jnp.float32)

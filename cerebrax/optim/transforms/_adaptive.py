@@ -16,9 +16,9 @@ import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
-from ._adam import _lerp
 from ._common import (
     check_non_negative,
+    lerp,
     maybe_negate,
     one_minus,
     scale_by_learning_rate,
@@ -355,7 +355,7 @@ def scale_by_torch_rmsprop(
         sq = jax.tree.map(lambda v, g: _rounded(v * alpha) + (one_minus_alpha * g) * g,
                           state.square_avg, updates)
         if centered:
-            gavg = jax.tree.map(lambda m, g: _lerp(m, g, one_minus_alpha),
+            gavg = jax.tree.map(lambda m, g: lerp(m, g, one_minus_alpha),
                                 state.grad_avg, updates)
             avg = jax.tree.map(lambda v, m: jnp.sqrt(v - m * m) + eps, sq, gavg)
         else:

@@ -58,5 +58,16 @@ def one_minus_power(base: ArrayLike, t: jax.Array) -> jax.Array:
     in float32 ``1 - 0.999`` alone is off by 5e-5. With ``log(base)`` taken in double
     and ``expm1``, the float32 result is within a few ulps of torch's.
     """
+    if _is_number(base) and float(base) == 0.0:
+        return jnp.ones_like(t, dtype=jnp.float32)  # 0 ** t == 0 for every step t >= 1
     log_base = math.log(float(base)) if _is_number(base) else jnp.log(base)
     return -jnp.expm1(t * log_base)
+
+
+def lerp(start: jax.Array, end: jax.Array, weight: jax.Array) -> jax.Array:
+    """``start + weight * (end - start)``, evaluated the way torch's ``lerp_`` does."""
+    return jnp.where(
+        jnp.abs(weight) < 0.5,
+        start + weight * (end - start),
+        end - (end - start) * (1 - weight),
+    )
