@@ -21,77 +21,12 @@ from optim_harness import (  # noqa: E402
     make_step,
     max_param_error,
     max_state_error,
-    run_both,
     torch_params,
     torch_step,
 )
 
 STEPS = 50
 TOLERANCE = 1e-5
-
-
-def two_groups(first: dict, second: dict):
-    """Param groups: a.* with ``first``'s hyperparameters, b.weight with ``second``'s."""
-
-    def groups(params):
-        return [{"params": [params["a.weight"], params["a.bias"]], **first},
-                {"params": [params["b.weight"]], **second}]
-
-    return groups
-
-
-# (case id, cerebrax class, torch class name, kwargs, param groups or None)
-CASES = [
-    ("adagrad", Adagrad, "Adagrad", {}, None),
-    ("adagrad-decay-wd-init", Adagrad, "Adagrad",
-     {"lr": 0.05, "lr_decay": 0.01, "weight_decay": 1e-2, "initial_accumulator_value": 0.1,
-      "eps": 1e-8}, None),
-    ("adagrad-maximize", Adagrad, "Adagrad", {"lr": 0.02, "eps": 1e-6, "maximize": True}, None),
-    ("adagrad-groups", Adagrad, "Adagrad", {"lr": 0.01, "weight_decay": 0.1, "lr_decay": 1e-3},
-     two_groups({"lr": 0.03, "weight_decay": 0.01}, {})),
-    ("adadelta", Adadelta, "Adadelta", {}, None),
-    ("adadelta-rho-wd", Adadelta, "Adadelta",
-     {"lr": 0.5, "rho": 0.5, "eps": 1e-4, "weight_decay": 1e-2}, None),
-    ("adadelta-maximize", Adadelta, "Adadelta", {"lr": 2.0, "rho": 0.95, "maximize": True}, None),
-    ("adadelta-groups", Adadelta, "Adadelta", {"lr": 1.0, "weight_decay": 0.05},
-     two_groups({"lr": 0.3, "weight_decay": 0.0}, {})),
-    ("asgd", ASGD, "ASGD", {}, None),
-    ("asgd-averaging-wd", ASGD, "ASGD",
-     {"lr": 0.05, "lambd": 1e-2, "alpha": 0.5, "t0": 10, "weight_decay": 1e-2}, None),
-    ("asgd-maximize", ASGD, "ASGD", {"lr": 0.02, "t0": 0, "maximize": True}, None),
-    ("asgd-groups", ASGD, "ASGD", {"lr": 0.01, "t0": 5, "weight_decay": 0.1},
-     two_groups({"lr": 0.04, "weight_decay": 0.0}, {})),
-    ("rmsprop", RMSprop, "RMSprop", {}, None),
-    ("rmsprop-centered", RMSprop, "RMSprop", {"lr": 1e-3, "alpha": 0.9, "centered": True}, None),
-    ("rmsprop-momentum-wd", RMSprop, "RMSprop",
-     {"lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-2}, None),
-    ("rmsprop-centered-momentum-maximize", RMSprop, "RMSprop",
-     {"lr": 5e-3, "alpha": 0.95, "eps": 1e-6, "momentum": 0.5, "centered": True,
-      "maximize": True}, None),
-    ("rmsprop-groups", RMSprop, "RMSprop", {"lr": 1e-2, "weight_decay": 0.1},
-     two_groups({"lr": 1e-3, "weight_decay": 0.0, "momentum": 0.8}, {})),
-    ("rprop", Rprop, "Rprop", {}, None),
-    ("rprop-etas-sizes", Rprop, "Rprop",
-     {"lr": 0.05, "etas": (0.3, 1.5), "step_sizes": (1e-4, 1.0)}, None),
-    ("rprop-maximize", Rprop, "Rprop", {"lr": 1e-3, "maximize": True}, None),
-    ("rprop-groups", Rprop, "Rprop", {"lr": 1e-2, "etas": (0.5, 1.2)},
-     two_groups({"lr": 1e-3, "etas": (0.4, 1.1)}, {})),
-]
-
-
-@pytest.mark.parametrize("case_id, ours, theirs, kwargs, groups", CASES,
-                         ids=[c[0] for c in CASES])
-def test_matches_torch(case_id, ours, theirs, kwargs, groups):
-    (mine, optimizer, step), (tparams, topt) = run_both(
-        ours, getattr(torch.optim, theirs), kwargs, STEPS, groups)
-    assert max_param_error(mine, tparams) <= TOLERANCE
-    assert max_state_error(optimizer, topt) <= TOLERANCE
-    assert step.num_compiles == 1
-    for g_mine, g_theirs in zip(optimizer.state_dict()["param_groups"],
-                                topt.state_dict()["param_groups"]):
-        assert g_mine["params"] == g_theirs["params"]
-        for key in g_mine:
-            assert g_mine[key] == pytest.approx(g_theirs[key]), key
 
 
 # One setting per optimizer whose state has every buffer it can have.
