@@ -26,7 +26,11 @@ from .. import _state
 from ..errors import ConfigError
 from ..trace import deferrable
 
-__all__ = ["LRScheduler"]
+__all__ = ["LRScheduler", "Schedule"]
+
+# A closed form: ``schedule(step) -> lr``, for an integer step (a Python int, or an int32
+# array, traced or not) a float32 array of the step's shape.
+Schedule = Callable[[ArrayLike], jax.Array]
 
 MSG_ADOPTED = """\
 {name} is part of a {owner}, which owns the step counter and writes the learning rate.

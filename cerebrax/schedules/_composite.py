@@ -1,9 +1,12 @@
-"""Composite schedulers: ``SequentialLR`` and ``ChainedScheduler`` (alias ``ChainedLR``).
+"""Composition: the closed forms ``sequential`` and ``chained`` and their schedulers.
 
-A composite adopts its member schedulers: from then on it alone steps the counter and
-writes the learning rate, and a member's ``step()`` raises. Its closed form is the
-composition (:func:`cerebrax.schedules.sequential`, :func:`cerebrax.schedules.chained`)
-of the members' closed forms, each evaluated at the member's own step.
+``sequential`` switches from one schedule to the next at milestones (each restarting
+from step 0); ``chained`` multiplies schedules that share the step. The schedulers
+``SequentialLR`` and ``ChainedScheduler`` (alias ``ChainedLR``) adopt their member
+schedulers: from then on the composite alone steps the counter and writes the learning
+rate, and a member's ``step()`` raises. Its closed form is the composition
+(:func:`sequential`, :func:`chained`) of the members' closed forms, each evaluated at
+the member's own step.
 """
 
 from __future__ import annotations
@@ -14,14 +17,77 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from ..errors import ConfigError
 from . import _checks as checks
-from . import _closed_form
-from ._base import LRScheduler
+from . import _float32 as fp
+from ._base import LRScheduler, Schedule
 from ._schedulers import _ClosedFormScheduler
 
-__all__ = ["ChainedLR", "ChainedScheduler", "SequentialLR"]
+__all__ = ["ChainedLR", "ChainedScheduler", "SequentialLR", "chained", "sequential"]
+
+
+def sequential(schedules: Sequence[Schedule], milestones: Sequence[int]) -> Schedule:
+    """``schedules[k](t - milestones[k - 1])`` with ``k = #{m in milestones : m <= t}``
+    (torch's and cstorch's ``SequentialLR``: each schedule restarts from step 0).
+
+    Example:
+      >>> warmup_then_decay = sequential([linear(0.0, 1.0, 10), cosine_decay(1.0, 0.0, 90)], [10])
+      >>> warmup_then_decay(jnp.array([5, 10, 100]))
+      Array([0.5, 1. , 0. ], dtype=float32)
+    """
+    schedules = list(schedules)
+    milestones = checks.step_list("milestones", milestones, non_decreasing=True)
+    if not schedules or len(milestones) != len(schedules) - 1:
+        raise ConfigError(
+            f"SequentialLR needs one milestone fewer than schedulers (the step each "
+            f"scheduler after the first starts at); got {len(schedules)} schedulers and "
+            f"milestones={milestones}"
+        )
+
+    def schedule(step: ArrayLike) -> jax.Array:
+        t = fp.count(step)
+        lr = schedules[0](t)
+        for start, later in zip(milestones, schedules[1:]):
+            lr = jnp.where(t >= start, later(jnp.maximum(t - start, 0)), lr)
+        return lr
+
+    return schedule
+
+
+def chained(schedules: Sequence[Schedule], *,
+            initial_learning_rates: Sequence[float] | None = None) -> Schedule:
+    """``schedules[0](t) * prod_{i >= 1} schedules[i](t) / initial_learning_rates[i - 1]``
+    (cstorch's ``ChainedScheduler``: later schedules act as factors relative to their
+    initial learning rate; by default their value at step 0).
+
+    Example:
+      >>> chained([constant(0.1), step_decay(1.0, 10, 0.5)])(10)
+      Array(0.05, dtype=float32)
+    """
+    schedules = list(schedules)
+    if not schedules:
+        raise ConfigError("ChainedScheduler needs at least one scheduler, got none")
+    later = schedules[1:]
+    if initial_learning_rates is None:
+        # Host sync point: evaluates the later schedules once, eagerly.
+        initial_learning_rates = [float(s(0)) for s in later]
+    divisors = [checks.number(f"initial_learning_rates[{i}]", v)
+                for i, v in enumerate(initial_learning_rates)]
+    if len(divisors) != len(later) or 0.0 in divisors:
+        raise ConfigError(
+            f"initial_learning_rates must hold one nonzero rate per schedule after the "
+            f"first ({len(later)}), got {list(initial_learning_rates)!r}"
+        )
+
+    def schedule(step: ArrayLike) -> jax.Array:
+        lr = schedules[0](step)
+        for factor, divisor in zip(later, divisors):
+            lr = lr * (factor(step) / divisor)
+        return lr
+
+    return schedule
 
 
 def _members(owner: str, schedulers: Any, optimizer: Any = None) -> list[LRScheduler]:
@@ -69,7 +135,7 @@ class SequentialLR(_ClosedFormScheduler):
         members = _members("SequentialLR", schedulers, optimizer)
         self._schedulers = members
         self._milestones = checks.step_list("milestones", milestones, non_decreasing=True)
-        self._schedule = _closed_form.sequential([m._lr_at for m in members], self._milestones)
+        self._schedule = sequential([m._lr_at for m in members], self._milestones)
         super().__init__(optimizer, last_epoch=last_epoch)
         members[0]._adopt("SequentialLR", lambda: self.last_epoch)
         for start, member in zip(self._milestones, members[1:]):
@@ -117,8 +183,7 @@ class ChainedScheduler(_ClosedFormScheduler):
                 )
             divisors.append(float(reference))
         self._schedulers = members
-        self._schedule = _closed_form.chained([m._lr_at for m in members],
-                                              initial_learning_rates=divisors)
+        self._schedule = chained([m._lr_at for m in members], initial_learning_rates=divisors)
         super().__init__(members[0].optimizer)
         for member in members:
             member._adopt("ChainedScheduler", lambda: self.last_epoch)

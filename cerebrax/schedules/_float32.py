@@ -2,6 +2,18 @@
 
 The step is an exact int32; these helpers turn integer work and Python-double
 constants into float32 values without avoidable rounding (see each docstring).
+Everything that can be done on the step exactly (``t // step_size``, ``t mod period``,
+``T - t``) is done in int32 before it becomes a float, constants are computed in Python
+double precision, and the formulas avoid cancellation:
+
+- a blend ``end + (init - end) * w`` is written ``init * w + end * (1 - w)`` with both
+  weights computed directly (``(T - t) / T`` and ``t / T``; ``sin(pi (T - t) / 2T)**2``
+  and ``sin(pi t / 2T)**2`` for ``(1 +- cos(pi t / T)) / 2``), so a warmup from 0
+  and a decay to 0 are both accurate to a few ulps;
+- ``rate ** k`` for an integer ``k`` splits ``k * log(rate)`` into parts that are exact
+  in float32 (:func:`exp_times`), so ``0.999 ** 2000`` keeps float32 precision.
+
+Every schedule is finite at ``step = 2**31 - 1``, the counter's saturation value.
 """
 
 from __future__ import annotations

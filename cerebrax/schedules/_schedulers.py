@@ -12,8 +12,8 @@ from typing import Any
 import jax
 from jax.typing import ArrayLike
 
-from . import _closed_form
-from ._base import LRScheduler
+from . import _cosine, _cyclic, _exponential, _polynomial, _step
+from ._base import LRScheduler, Schedule
 
 __all__ = [
     "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CosineDecayLR",
@@ -24,7 +24,7 @@ __all__ = [
 
 
 class _ClosedFormScheduler(LRScheduler):
-    _schedule: _closed_form.Schedule
+    _schedule: Schedule
 
     def _get_closed_form_lr(self) -> jax.Array:
         return self._schedule(self.last_epoch)
@@ -42,7 +42,7 @@ class ConstantLR(_ClosedFormScheduler):
 
     def __init__(self, optimizer: Any, learning_rate: float, total_iters: int | None = None):
         self.learning_rate = learning_rate
-        self._schedule = _closed_form.constant(learning_rate)
+        self._schedule = _polynomial.constant(learning_rate)
         super().__init__(optimizer, total_iters=total_iters)
 
     def _reference_lr(self) -> float | None:
@@ -64,7 +64,7 @@ class PolynomialLR(_ClosedFormScheduler):
         self.end_learning_rate = end_learning_rate
         self.power = power
         self.cycle = cycle
-        self._schedule = _closed_form.polynomial(
+        self._schedule = _polynomial.polynomial(
             initial_learning_rate, end_learning_rate, total_iters, power)
         super().__init__(optimizer, total_iters=total_iters)
 
@@ -97,7 +97,7 @@ class ExponentialLR(_ClosedFormScheduler):
         self.initial_learning_rate = initial_learning_rate
         self.decay_rate = decay_rate
         self.staircase = staircase
-        self._schedule = _closed_form.exponential(
+        self._schedule = _exponential.exponential(
             initial_learning_rate, total_iters, decay_rate, staircase)
         super().__init__(optimizer, total_iters=total_iters)
 
@@ -112,7 +112,7 @@ class InverseExponentialTimeDecayLR(_ClosedFormScheduler):
         self.step_exponent = step_exponent
         self.decay_rate = decay_rate
         self.staircase = staircase
-        self._schedule = _closed_form.inverse_exponential_time_decay(
+        self._schedule = _exponential.inverse_exponential_time_decay(
             initial_learning_rate, step_exponent, total_iters, decay_rate, staircase)
         super().__init__(optimizer, total_iters=total_iters)
 
@@ -125,7 +125,7 @@ class InverseSquareRootDecayLR(_ClosedFormScheduler):
         self.initial_learning_rate = initial_learning_rate
         self.scale = scale
         self.warmup_steps = warmup_steps
-        self._schedule = _closed_form.inverse_square_root_decay(
+        self._schedule = _exponential.inverse_square_root_decay(
             initial_learning_rate, scale, warmup_steps)
         super().__init__(optimizer)
 
@@ -137,7 +137,7 @@ class CosineDecayLR(_ClosedFormScheduler):
                  end_learning_rate: float, total_iters: int):
         self.initial_learning_rate = initial_learning_rate
         self.end_learning_rate = end_learning_rate
-        self._schedule = _closed_form.cosine_decay(
+        self._schedule = _cosine.cosine_decay(
             initial_learning_rate, end_learning_rate, total_iters)
         super().__init__(optimizer, total_iters=total_iters)
 
@@ -151,7 +151,7 @@ class CosineAnnealingLR(_ClosedFormScheduler):
         self.initial_learning_rate = initial_learning_rate
         self.T_max = T_max
         self.eta_min = eta_min
-        self._schedule = _closed_form.cosine_annealing(initial_learning_rate, T_max, eta_min)
+        self._schedule = _cosine.cosine_annealing(initial_learning_rate, T_max, eta_min)
         super().__init__(optimizer)
 
 
@@ -173,7 +173,7 @@ class CosineAnnealingWarmRestarts(_ClosedFormScheduler):
         self.T_0 = T_0
         self.T_mult = T_mult
         self.eta_min = eta_min
-        self._schedule = _closed_form.cosine_annealing_warm_restarts(
+        self._schedule = _cosine.cosine_annealing_warm_restarts(
             initial_learning_rate, T_0, T_mult, eta_min)
         super().__init__(optimizer)
 
@@ -186,7 +186,7 @@ class StepLR(_ClosedFormScheduler):
         self.initial_learning_rate = initial_learning_rate
         self.step_size = step_size
         self.gamma = gamma
-        self._schedule = _closed_form.step_decay(initial_learning_rate, step_size, gamma)
+        self._schedule = _step.step_decay(initial_learning_rate, step_size, gamma)
         super().__init__(optimizer)
 
 
@@ -198,7 +198,7 @@ class MultiStepLR(_ClosedFormScheduler):
         self.initial_learning_rate = initial_learning_rate
         self.gamma = gamma
         self.milestones = milestones
-        self._schedule = _closed_form.multi_step(initial_learning_rate, gamma, milestones)
+        self._schedule = _step.multi_step(initial_learning_rate, gamma, milestones)
         super().__init__(optimizer)
 
 
@@ -208,7 +208,7 @@ class MultiplicativeLR(_ClosedFormScheduler):
     def __init__(self, optimizer: Any, initial_learning_rate: float, coefficient: float):
         self.initial_learning_rate = initial_learning_rate
         self.coefficient = coefficient
-        self._schedule = _closed_form.multiplicative(initial_learning_rate, coefficient)
+        self._schedule = _step.multiplicative(initial_learning_rate, coefficient)
         super().__init__(optimizer)
 
 
@@ -224,7 +224,7 @@ class PiecewiseConstantLR(_ClosedFormScheduler):
                  milestones: Sequence[int]):
         self.learning_rates = learning_rates
         self.milestones = milestones
-        self._schedule = _closed_form.piecewise_constant(learning_rates, milestones)
+        self._schedule = _step.piecewise_constant(learning_rates, milestones)
         super().__init__(optimizer)
 
     def _reference_lr(self) -> float | None:
@@ -250,7 +250,7 @@ class LambdaLR(_ClosedFormScheduler):
                  lr_lambda: Callable | Sequence[Callable] | None = None):
         self.initial_learning_rate = initial_learning_rate
         self.lr_lambda = lr_lambda
-        self._schedule = _closed_form.lambda_schedule(
+        self._schedule = _step.lambda_schedule(
             initial_learning_rate, self.set_value_lambda())
         super().__init__(optimizer)
 
@@ -274,7 +274,7 @@ class CyclicLR(_ClosedFormScheduler):
         self.mode = mode
         self.gamma = gamma
         self.scale_mode = scale_mode
-        self._schedule = _closed_form.cyclic(
+        self._schedule = _cyclic.cyclic(
             base_lr, max_lr, step_size_up, step_size_down, mode, gamma, scale_mode)
         super().__init__(optimizer)
 
@@ -301,7 +301,7 @@ class OneCycleLR(_ClosedFormScheduler):
         self.final_div_factor = final_div_factor
         self.three_phase = three_phase
         self.anneal_strategy = anneal_strategy
-        self._schedule = _closed_form.one_cycle(
+        self._schedule = _cyclic.one_cycle(
             initial_learning_rate, max_lr, total_steps, pct_start, final_div_factor,
             three_phase, anneal_strategy)
         super().__init__(optimizer, total_iters=total_steps)

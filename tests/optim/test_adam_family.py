@@ -9,8 +9,7 @@ import optax
 import pytest
 
 import cerebrax as cstorch
-from cerebrax.optim._adam_family import Adam, Adamax, NAdam, RAdam
-from cerebrax.optim.transforms import _adam_family as transforms
+from cerebrax.optim import Adam, Adamax, NAdam, RAdam, transforms
 
 torch = pytest.importorskip("torch")
 from optim_harness import (  # noqa: E402

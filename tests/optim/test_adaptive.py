@@ -10,8 +10,7 @@ import pytest
 from helpers import rel_err
 
 import cerebrax as cstorch
-from cerebrax.optim._adaptive import ASGD, Adadelta, Adagrad, RMSprop, Rprop
-from cerebrax.optim.transforms import _adaptive as transforms
+from cerebrax.optim import ASGD, Adadelta, Adagrad, RMSprop, Rprop, transforms
 
 torch = pytest.importorskip("torch")
 from optim_harness import (  # noqa: E402

@@ -1,4 +1,10 @@
-"""Adam and AdamW with torch.optim numerics, as pure optax transformations."""
+"""Adam and AdamW with torch.optim numerics, as pure optax transformations.
+
+Also the pieces the Adam family (Adamax, NAdam, RAdam) shares: the hyperparameter
+checks and the weight decay, either an L2 penalty on the gradient or torch's decoupled
+``p.mul_(1 - lr * weight_decay)``, written so that XLA's fused multiply-adds round the
+product as torch does and a long run does not drift from torch's parameters.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.typing import ArrayLike
 
+from ...errors import ConfigError
 from ._common import (
     check_in_unit_interval,
     check_non_negative,
@@ -17,9 +25,16 @@ from ._common import (
     one_minus,
     one_minus_power,
     scale_by_learning_rate,
+    zeros,
 )
 
-__all__ = ["TorchAdamState", "adamw", "scale_by_torch_adam"]
+__all__ = [
+    "TorchAdamState",
+    "adam",
+    "adamw",
+    "add_decoupled_weight_decay",
+    "scale_by_torch_adam",
+]
 
 
 class TorchAdamState(NamedTuple):
@@ -50,12 +65,8 @@ def scale_by_torch_adam(
     one_minus_b1, one_minus_b2 = one_minus(b1), one_minus(b2)
 
     def init_fn(params):
-        # Separate buffers for each moment: a donated state must not alias itself.
-        def zeros():
-            return jax.tree.map(jnp.zeros_like, params)
-
         return TorchAdamState(
-            jnp.zeros((), jnp.int32), zeros(), zeros(), zeros() if amsgrad else ()
+            jnp.zeros((), jnp.int32), zeros(params), zeros(params), zeros(params) if amsgrad else ()
         )
 
     def update_fn(updates, state, params=None):
@@ -75,6 +86,121 @@ def scale_by_torch_adam(
         return out, TorchAdamState(count, m, v, vmax)
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay) -> None:
+    """The hyperparameter checks every Adam-family factory makes."""
+    check_non_negative("learning_rate", learning_rate)
+    check_non_negative("epsilon", eps)
+    check_non_negative("weight_decay", weight_decay)
+    check_in_unit_interval("beta1", b1)
+    check_in_unit_interval("beta2", b2)
+
+
+def _one_minus_float32_factor(lr: ArrayLike, weight_decay: ArrayLike) -> ArrayLike:
+    """``1 - f`` for the float32 factor ``f = 1 - lr * weight_decay`` (torch's rounding)."""
+    if isinstance(lr, (int, float)) and isinstance(weight_decay, (int, float)):
+        return 1.0 - float(np.float32(1.0 - float(lr) * float(weight_decay)))
+    factor = (1.0 - jnp.asarray(lr, jnp.float32) * weight_decay).astype(jnp.float32)
+    return 1.0 - factor
+
+
+def add_decoupled_weight_decay(
+    learning_rate: ArrayLike, weight_decay: ArrayLike
+) -> optax.GradientTransformation:
+    """Decays the parameters by ``1 - learning_rate * weight_decay`` before the update.
+
+    Returns ``(p * f + u) - p`` for the incoming update ``u`` and the float32 factor
+    ``f = 1 - learning_rate * weight_decay``, so that ``p + update`` is torch's
+    ``p.mul_(f)`` followed by ``p.add_(u)``, rounding for rounding (the outer
+    subtraction is exact): a long run does not drift from torch the way
+    ``u - learning_rate * weight_decay * p`` would. ``p * f`` is written
+    ``p - p * (1 - f)``: ``1 - f`` is exact, and a compiler that fuses the multiply
+    into the subtraction still rounds ``p * f`` once, where fusing ``p * f + u``
+    would skip torch's rounding of ``p * f``. Place it after the learning-rate
+    scaling. ``learning_rate`` may be a schedule of the step.
+    """
+    scheduled = callable(learning_rate)
+
+    def init_fn(params):
+        del params
+        if scheduled:
+            return optax.ScaleByScheduleState(jnp.zeros((), jnp.int32))
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ConfigError(
+                "add_decoupled_weight_decay needs the parameters: call "
+                "tx.update(updates, state, params)"
+            )
+        lr = learning_rate(state.count) if scheduled else learning_rate
+        shrink = _one_minus_float32_factor(lr, weight_decay)
+        out = jax.tree.map(lambda u, p: ((p - p * shrink) + u) - p, updates, params)
+        if scheduled:
+            state = optax.ScaleByScheduleState(optax.safe_increment(state.count))
+        return out, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def with_weight_decay(
+    scale_by: optax.GradientTransformation,
+    learning_rate: ArrayLike,
+    weight_decay: ArrayLike,
+    *,
+    maximize: bool,
+    decoupled: bool,
+) -> optax.GradientTransformation:
+    """``maximize``, then L2 (``g + wd * p``) or decoupled (``p * (1 - lr * wd)``) decay.
+
+    The ``scale_by`` state is the third entry of the chain's state for every setting.
+    """
+    return optax.chain(
+        maybe_negate(maximize),
+        optax.identity() if decoupled else optax.add_decayed_weights(weight_decay),
+        scale_by,
+        scale_by_learning_rate(learning_rate),
+        add_decoupled_weight_decay(learning_rate, weight_decay) if decoupled else optax.identity(),
+    )
+
+
+def adam(
+    learning_rate: ArrayLike = 1e-3,
+    b1: ArrayLike = 0.9,
+    b2: ArrayLike = 0.999,
+    eps: ArrayLike = 1e-8,
+    weight_decay: ArrayLike = 0.0,
+    *,
+    amsgrad: bool = False,
+    maximize: bool = False,
+    decoupled_weight_decay: bool = False,
+) -> optax.GradientTransformation:
+    """Adam, numerically as ``torch.optim.Adam``.
+
+    Update rule (``g`` the gradient, negated when ``maximize``; ``t`` the step)::
+
+        g = g + weight_decay * p                  # p = p * (1 - lr * weight_decay)
+                                                  #   with decoupled_weight_decay
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g^2               # v_max = max(v_max, v) (amsgrad)
+        p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+
+    Example:
+      >>> tx = adam(1e-3)
+      >>> params = {"w": jnp.ones(2)}
+      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
+      >>> optax.apply_updates(params, updates)["w"]
+      Array([0.999, 0.999], dtype=float32)
+    """
+    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
+    return with_weight_decay(
+        scale_by_torch_adam(b1, b2, eps, amsgrad=amsgrad),
+        learning_rate,
+        weight_decay,
+        maximize=maximize,
+        decoupled=decoupled_weight_decay,
+    )
 
 
 def adamw(
@@ -106,11 +232,7 @@ def adamw(
       >>> optax.apply_updates(params, updates)["w"]
       Array([0.99899, 0.99899], dtype=float32)
     """
-    check_non_negative("learning_rate", learning_rate)
-    check_non_negative("epsilon", eps)
-    check_non_negative("weight_decay", weight_decay)
-    check_in_unit_interval("beta1", b1)
-    check_in_unit_interval("beta2", b2)
+    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
     return optax.chain(
         maybe_negate(maximize),
         scale_by_torch_adam(b1, b2, eps, amsgrad=amsgrad, correct_bias=correct_bias),

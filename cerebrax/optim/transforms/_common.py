@@ -1,15 +1,27 @@
-"""Small pieces shared by the optimizer transformations."""
+"""Small pieces shared by the optimizer transformations.
+
+Hyperparameter checks, the ``maximize`` and learning-rate steps every optimizer chains,
+and the numerics helpers of the ``scale_by_torch_*`` transforms: scalars that torch
+derives from the step count in double precision (bias corrections) are evaluated in
+float32 in forms that avoid cancellation, and products that torch rounds before adding
+them are kept apart from XLA's fused multiply-adds, so results stay within a few ulps
+of torch's.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
+
+ScalarOrSchedule = ArrayLike | Callable[[jax.Array], ArrayLike]
 
 
 def check_non_negative(name: str, value: ArrayLike) -> None:
@@ -71,3 +83,73 @@ def lerp(start: jax.Array, end: jax.Array, weight: jax.Array) -> jax.Array:
         start + weight * (end - start),
         end - (end - start) * (1 - weight),
     )
+
+
+def is_concrete(x: object) -> bool:
+    return not (isinstance(x, jax.core.Tracer) or callable(x))
+
+
+def at(value: ScalarOrSchedule, count: jax.Array) -> jax.Array:
+    """A hyperparameter's value at step ``count`` (schedules are called)."""
+    return jnp.asarray(value(count) if callable(value) else value, jnp.float32)
+
+
+def static_float(name: str, value: ArrayLike) -> float:
+    """A hyperparameter that must be known when the transformation is built."""
+    if isinstance(value, jax.core.Tracer):
+        raise ConfigError(
+            f"{name} must be a Python number (it fixes constants of the compiled step), "
+            f"got a traced value; pass {name} as a float"
+        )
+    return float(value)
+
+
+def zeros(params: optax.Params) -> optax.Updates:
+    # A fresh buffer per moment: a donated state must not alias itself.
+    return jax.tree.map(jnp.zeros_like, params)
+
+
+def full(params: optax.Params, value: ArrayLike) -> optax.Updates:
+    return jax.tree.map(lambda p: jnp.full_like(p, value), params)
+
+
+def bias_correction(beta: ArrayLike, t: jax.Array) -> jax.Array:
+    """``1 - beta ** t`` for ``t >= 1``, also for ``beta == 0`` (where it is 1)."""
+    if isinstance(beta, (int, float)) and float(beta) == 0.0:
+        return jnp.ones_like(t)
+    return one_minus_power(beta, t)
+
+
+def _times(v: jax.Array, b: ArrayLike) -> jax.Array:
+    """``v * b`` rounded once, also where a compiler fuses it into a following add.
+
+    For ``b >= 0.5``, ``1 - b`` is exact in float32 and ``v - v * (1 - b)`` is ``v * b``
+    rounded once, fused or not; a plain ``v * b`` would be fused into the next
+    addition, which then skips the rounding torch does in ``v.mul_(b)``.
+    """
+    if isinstance(b, (int, float)):
+        if float(b) < 0.5:
+            return v * b
+        return v - v * (1.0 - float(np.float32(b)))
+    b = jnp.asarray(b, jnp.float32)
+    return jnp.where(b < 0.5, v * b, v - v * (1.0 - b))
+
+
+def update_second_moment(v: jax.Array, g: jax.Array, b2: ArrayLike, one_minus_b2) -> jax.Array:
+    """torch's ``v.mul_(b2).addcmul_(g, g, value=1 - b2)``.
+
+    torch rounds ``v * b2``, then adds ``((1 - b2) * g) * g`` with one fused
+    multiply-add; :func:`_times` keeps XLA from fusing ``v * b2`` instead.
+    """
+    return _times(v, b2) + (one_minus_b2 * g) * g
+
+
+def rounded(x: jax.Array) -> jax.Array:
+    """``x``, kept as its own rounded value: XLA may not fold it into the next op.
+
+    torch rounds ``p * decay`` before adding to it and divides by a rounded
+    ``sqrt(v)``; XLA would fuse such a multiply into the following add (one FMA, one
+    rounding) and turn ``a / sqrt(v)`` into ``a * rsqrt(v)`` (a few ulps off). The
+    select, an identity, keeps the operation apart.
+    """
+    return jnp.where(x == x, x, jnp.nan)

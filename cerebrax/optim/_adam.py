@@ -1,0 +1,92 @@
+"""``Adam``: torch.optim.Adam as a thin class over :func:`transforms.adam`.
+
+The class validates torch's arguments with torch's messages (the checks the other Adam
+family classes share) and builds :func:`cerebrax.optim.transforms.adam` per param
+group; the update math lives there. Its state dict uses torch's per-parameter keys;
+cerebrax keeps one step count per param group, written to every parameter's entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import ConfigError
+from ._torch_layout import AdamLayout, refuse_differentiable
+from .transforms._adam import TorchAdamState, adam
+
+__all__ = ["Adam"]
+
+
+def check_adam_arguments(
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> None:
+    """torch's checks, in torch's order and words."""
+    if not 0.0 <= lr:
+        raise ConfigError(f"Invalid learning rate: {lr}")
+    if not 0.0 <= eps:
+        raise ConfigError(f"Invalid epsilon value: {eps}")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ConfigError(f"Invalid beta parameter at index {i}: {beta}")
+    if not 0.0 <= weight_decay:
+        raise ConfigError(f"Invalid weight_decay value: {weight_decay}")
+
+
+class Adam(AdamLayout):
+    """Adam with torch.optim.Adam's signature and numerics.
+
+    See :func:`cerebrax.optim.transforms.adam` for the update rule. ``weight_decay``
+    is an L2 penalty on the gradient, or decoupled (AdamW) with
+    ``decoupled_weight_decay=True``. ``foreach``, ``fused`` and ``capturable`` are
+    accepted and ignored; ``differentiable=True`` is rejected.
+
+    Example:
+      >>> optimizer = cstorch.optim.Adam(compiled.parameters(), lr=1e-3)
+    """
+
+    _static_hyperparameters = ("betas",)
+    _state_type = TorchAdamState
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
+    ):
+        refuse_differentiable("Adam", differentiable)
+        check_adam_arguments(lr, betas, eps, weight_decay)
+        del foreach, capturable, fused
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+        super().__init__(params, defaults)
+
+    def _transform(self, group: Any):
+        b1, b2 = group["betas"]
+        return adam(
+            group["lr"],
+            b1,
+            b2,
+            group["eps"],
+            group["weight_decay"],
+            amsgrad=group["amsgrad"],
+            maximize=group["maximize"],
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+        )

@@ -1,0 +1,71 @@
+"""``RAdam``: torch.optim.RAdam as a thin class over :func:`transforms.radam`.
+
+The class validates torch's arguments with torch's messages and builds
+:func:`cerebrax.optim.transforms.radam` per param group; the update math lives there.
+Its state dict uses torch's per-parameter keys; cerebrax keeps one step count per param
+group, written to every parameter's entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ._adam import check_adam_arguments
+from ._torch_layout import AdamLayout, refuse_differentiable
+from .transforms._radam import TorchRAdamState, radam
+
+__all__ = ["RAdam"]
+
+
+class RAdam(AdamLayout):
+    """RAdam with torch.optim.RAdam's signature and numerics.
+
+    See :func:`cerebrax.optim.transforms.radam` for the update rule. ``foreach`` and
+    ``capturable`` are accepted and ignored; ``differentiable=True`` is rejected.
+
+    Example:
+      >>> optimizer = cstorch.optim.RAdam(compiled.parameters(), lr=1e-3)
+    """
+
+    _static_hyperparameters = ("betas",)
+    _state_type = TorchRAdamState
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ):
+        refuse_differentiable("RAdam", differentiable)
+        check_adam_arguments(lr, betas, eps, weight_decay)
+        del foreach, capturable
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            decoupled_weight_decay=decoupled_weight_decay,
+            maximize=maximize,
+        )
+        super().__init__(params, defaults)
+
+    def _transform(self, group: Any):
+        b1, b2 = group["betas"]
+        return radam(
+            group["lr"],
+            b1,
+            b2,
+            group["eps"],
+            group["weight_decay"],
+            maximize=group["maximize"],
+            decoupled_weight_decay=group["decoupled_weight_decay"],
+        )
