@@ -1,3 +1,17 @@
-"""``cstorch.distributed``: the cluster configuration."""
+"""``cstorch.distributed``: the cluster configuration and the data-sharding helpers.
+
+The helpers answer for the streaming worker that calls them (each worker runs
+``input_fn`` in its own thread): see :class:`cerebrax.data.DataLoader` for the idiom
+that gives every worker its own shard and its own shuffle.
+"""
 
 from .backend import ClusterConfig as ClusterConfig
+from .data._context import get_ordinal as get_ordinal
+from .data._context import get_streaming_batch_size as get_streaming_batch_size
+from .data._context import get_streaming_rank as get_streaming_rank
+from .data._context import get_worker_state as get_worker_state
+from .data._context import is_master_ordinal as is_master_ordinal
+from .data._context import is_streamer as is_streamer
+from .data._context import num_receivers as num_receivers
+from .data._context import num_streamers as num_streamers
+from .data._context import num_tasks as num_tasks

@@ -2,50 +2,90 @@
 
 Every streaming worker calls ``input_fn`` itself to build its own iterable (a torch
 DataLoader, or any iterable of numpy / torch / JAX batches, nested tuples and dicts
-included). The loader yields a fixed number of steps, restarting the iterable at the
-end of each epoch, with every array leaf converted to a JAX array on the backend's
-device.
+included), restarting it at the end of each epoch. Background threads convert the
+batches, place them on the backend's device and keep a few ready, so the step does not
+wait for data (see ``_workers``); the sharding helpers of ``cstorch.distributed`` tell
+an ``input_fn`` which worker it runs in (see ``_context``).
 """
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StateError
+from . import _context, _workers
 
-__all__ = ["DataLoader", "compute_num_steps"]
+__all__ = ["DataLoader", "compute_num_steps", "to_device"]
+
+STATE_VERSION = 1
 
 
-def _check_count(name: str, value: Any) -> None:
+def _check_count(name: str, value: Any, minimum: int = 1) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"DataLoader({name}=...) must be an integer > 0, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(
+            f"DataLoader({name}=...) must be an integer {'> 0' if minimum == 1 else '>= 0'}, "
+            f"got {value!r}."
+        )
+
+
+def _length(data: Any) -> int | None:
+    if data is None or isinstance(data, int):
+        return data
+    if isinstance(data, DataLoader):
+        return data.source_length()
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def compute_num_steps(
-    length: int | None,
-    *,
+    dataloader: Any,
+    initial_step: int = 0,
     num_steps: int | None = None,
     max_steps: int | None = None,
     num_epochs: int | None = None,
     steps_per_epoch: int | None = None,
+    grad_accum_steps: int = 1,
 ) -> int:
     """The number of steps a run takes (cstorch's rules).
 
-    ``num_steps`` and ``num_epochs`` are exclusive; ``steps_per_epoch`` defaults to the
-    length of the data; the result is the minimum of ``num_epochs * steps_per_epoch``,
-    ``num_steps`` and ``max_steps`` over those given.
+    Args:
+      dataloader: the data (a cstorch DataLoader, any sized iterable), its number of
+        batches, or None when unknown.
+      initial_step: steps already done (a resumed run); only ``max_steps`` counts them.
+      num_steps: steps to run; exclusive with ``num_epochs``.
+      max_steps: the last step of the whole run: at most ``max_steps - initial_step``
+        steps run.
+      num_epochs: passes over the data, of ``steps_per_epoch`` batches each (default:
+        all batches, at most that many).
+      grad_accum_steps: batches per optimizer step; an epoch has
+        ``steps_per_epoch // grad_accum_steps`` steps.
+
+    Returns:
+      The minimum of ``num_epochs * steps_per_epoch``, ``num_steps`` and
+      ``max_steps - initial_step`` over those given; the number of batches (divided by
+      ``grad_accum_steps``) when none is.
+
+    Example:
+      >>> compute_num_steps(10, num_epochs=3, max_steps=25)
+      25
     """
     for name, value in (("num_steps", num_steps), ("max_steps", max_steps),
-                        ("num_epochs", num_epochs), ("steps_per_epoch", steps_per_epoch)):
+                        ("num_epochs", num_epochs), ("steps_per_epoch", steps_per_epoch),
+                        ("grad_accum_steps", grad_accum_steps)):
         _check_count(name, value)
+    _check_count("initial_step", initial_step, minimum=0)
     if num_steps is not None and num_epochs is not None:
         raise ConfigError("Only one of num_steps and num_epochs may be given.")
+    length = _length(dataloader)
     candidates = []
     if num_epochs is not None:
         spe = steps_per_epoch if steps_per_epoch is not None else length
@@ -58,37 +98,45 @@ def compute_num_steps(
             raise ConfigError(
                 f"steps_per_epoch={spe} is larger than the number of batches ({length})."
             )
-        candidates.append(num_epochs * spe)
+        if spe < grad_accum_steps:
+            raise ConfigError(
+                f"steps_per_epoch={spe} is smaller than grad_accum_steps={grad_accum_steps}: "
+                "an epoch must hold at least one optimizer step."
+            )
+        candidates.append(num_epochs * (spe // grad_accum_steps))
     if num_steps is not None:
         candidates.append(num_steps)
     if max_steps is not None:
-        candidates.append(max_steps)
-    if not candidates:
-        if length is None:
+        if max_steps <= initial_step:
             raise ConfigError(
-                "Could not infer the number of steps: give num_steps (or num_epochs with "
-                "steps_per_epoch) to the DataLoader or to the DataExecutor."
+                f"max_steps={max_steps} is already reached: the run starts at "
+                f"initial_step={initial_step}. Raise max_steps to train further."
             )
-        return length
-    return min(candidates)
+        candidates.append(max_steps - initial_step)
+    if candidates:
+        return min(candidates)
+    if length is None:
+        raise ConfigError(
+            "Could not infer the number of steps: give num_steps (or num_epochs with "
+            "steps_per_epoch) to the DataLoader or to the DataExecutor."
+        )
+    return length // grad_accum_steps
 
 
-def _convert(leaf: Any, device: jax.Device | None) -> Any:
-    if isinstance(leaf, jax.Array):
-        return leaf
-    if type(leaf).__module__.startswith("torch") or isinstance(leaf, (np.ndarray, np.generic)):
-        from .._interop import to_numpy
+def to_device(batch: Any, device: jax.Device | jax.sharding.Sharding | None = None) -> Any:
+    """``batch`` with every numpy / torch / JAX array leaf placed on ``device``.
 
-        return jax.device_put(to_numpy(leaf), device)
-    return leaf
+    torch tensors (bfloat16 included) become JAX arrays of the same dtype; other leaves
+    (Python numbers, strings) are kept as they are.
+    """
+    return _workers.place(_workers.to_host(batch), device)
 
 
-def to_device(batch: Any, device: jax.Device | None = None) -> Any:
-    """``batch`` with every numpy / torch array leaf placed on ``device`` as a JAX array."""
-    return jax.tree.map(
-        lambda x: _convert(x, device), batch,
-        is_leaf=lambda x: type(x).__module__.startswith("torch"),
-    )
+MSG_LAYOUT = """This DataLoader state was saved by a run that streamed from num_csx={saved[0]} x
+num_workers_per_csx={saved[1]} workers, but this run streams from num_csx={now[0]} x
+num_workers_per_csx={now[1]}; the batch order depends on that layout, so the resumed
+run would not see the batches the saved run saw next. Fix: resume with the saved
+cluster configuration."""
 
 
 class DataLoader:
@@ -96,15 +144,49 @@ class DataLoader:
 
     Args:
       input_fn: called as ``input_fn(*args, **kwargs)``; returns a torch DataLoader or
-        any iterable of batches.
+        any iterable of batches (numpy / torch / JAX arrays in nested tuples, lists and
+        dicts). Every batch must have the same batch size (else a ``ConfigError`` naming
+        ``drop_last=True``).
       num_steps, max_steps, num_epochs, steps_per_epoch: how many steps to yield
         (see :func:`compute_num_steps`). These four names are the loader's own: they
         are never passed on to ``input_fn``; every other argument is.
 
+    Streaming. A CSX backend with ``ClusterConfig(num_csx=n, num_workers_per_csx=k)``
+    streams from ``n * k`` worker threads; each calls ``input_fn`` itself, and the
+    helpers of ``cstorch.distributed`` (``num_streamers()``, ``get_streaming_rank()``,
+    ``get_streaming_batch_size(batch_size)``) tell it which shard to stream. Step ``s``
+    takes the next batch of local worker ``s % k`` of every system (the ``n`` batches
+    are concatenated), so the order is the same in every run. To shuffle differently
+    in every worker, seed the shuffle with ``seed + get_streaming_rank()``; to give the
+    workers disjoint shards, select the rows ``rank::num_streamers()`` (or use a torch
+    ``DistributedSampler`` with ``num_replicas=num_streamers(), rank=rank`` and the
+    same seed everywhere; its ``set_epoch`` is called at every epoch). Without CSX
+    workers (CPU, GPU, ``num_workers_per_csx=0``) one background thread streams the
+    iterable of the single ``input_fn`` call. Batches are converted to JAX arrays and
+    placed on the device in the background, ``prefetch`` (default 2) batches ahead per
+    worker. An exception in ``input_fn`` or in the iteration reaches the step that
+    would have received the batch, with the worker's traceback.
+
+    Resuming. :meth:`state_dict` records the batches the steps consumed from every
+    worker; :meth:`load_state_dict` makes the next pass skip them, so a resumed run
+    sees exactly the batches the uninterrupted run saw next, provided ``input_fn`` is
+    deterministic (seeded shuffles). Skipped batches are read again but neither
+    converted nor placed; an iterable that implements ``state_dict()`` and
+    ``load_state_dict()`` (:class:`RestartableDataLoader`) is restored from its own
+    state instead.
+
     Iterating the loader directly runs an implicit ``DataExecutor`` (with the
     ``checkpoint_steps`` of ``cstorch.configure``), so the seeds' plain
     ``for batch in dataloader`` loops work.
+
+    Example:
+      >>> import numpy as np
+      >>> loader = DataLoader(lambda n: [np.full((2,), i) for i in range(n)], 3, num_epochs=2)
+      >>> len(loader), [int(batch[0]) for batch in loader]
+      (6, [0, 1, 2, 0, 1, 2])
     """
+
+    prefetch: int = 2  # batches buffered per worker, and placed on the device
 
     def __init__(
         self,
@@ -132,42 +214,135 @@ class DataLoader:
         self._counts = dict(num_steps=num_steps, max_steps=max_steps,
                             num_epochs=num_epochs, steps_per_epoch=steps_per_epoch)
         self._source: Any = None
+        self._source_lock = threading.Lock()
+        self._stream: _workers.Stream | None = None
+        self._resume: dict[str, Any] | None = None
+
+    def _call_input_fn(self) -> Any:
+        return self.input_fn(*self.input_fn_args, **self.input_fn_kwargs)
 
     @property
     def source(self) -> Any:
-        """The iterable built by ``input_fn`` (built once, on first use)."""
-        if self._source is None:
-            self._source = self.input_fn(*self.input_fn_args, **self.input_fn_kwargs)
-        return self._source
+        """The user node's iterable (built once, on first use, in the user node's context).
+
+        Without CSX workers this is also the iterable the only streamer iterates.
+        """
+        with self._source_lock:
+            if self._source is None:
+                with _context.bind(_context.user_node_info()):
+                    self._source = self._call_input_fn()
+            return self._source
+
+    def source_length(self) -> int | None:
+        """The number of batches of the user node's iterable, None when it has no length."""
+        try:
+            return len(self.source)
+        except TypeError:
+            return None
 
     @property
     def num_steps(self) -> int:
-        try:
-            length = len(self.source)
-        except TypeError:
-            length = None
-        return compute_num_steps(length, **self._counts)
+        return compute_num_steps(self.source_length(), **self._counts)
 
     def __len__(self) -> int:
         return self.num_steps
 
-    def batches(self, device: jax.Device | None = None) -> Iterator[Any]:
-        """Batches on ``device`` without end, restarting the iterable every epoch."""
-        while True:
-            empty = True
-            for batch in self.source:
-                empty = False
-                yield to_device(batch, device)
-            if empty:
-                raise ConfigError("The DataLoader's input_fn produced no batches.")
-            if iter(self.source) is self.source:
-                raise ConfigError(
-                    "The DataLoader's input_fn returned an iterator that is exhausted after "
-                    "one pass. Return a re-iterable object (a list, a torch DataLoader) or "
-                    "give num_steps no larger than one epoch."
-                )
+    # ---- streaming -------------------------------------------------------------------------
+    def batches(
+        self, device: jax.Device | jax.sharding.Sharding | None = None
+    ) -> Iterator[Any]:
+        """Batches placed on ``device`` (a device or a sharding), without end.
+
+        Each call starts a new pass: from the state given to :meth:`load_state_dict`
+        if there is one, else from the beginning. Closing the iterator (or dropping it)
+        stops the worker threads.
+        """
+        infos = _context.worker_infos()
+        if infos[0].workers:
+            make_source = self._call_input_fn  # every worker builds its own iterable
+        else:
+            make_source = lambda: self.source  # noqa: E731 - the single input_fn call
+        steps, positions = self._take_resume(infos)
+        stream = _workers.Stream(infos, make_source, device, steps=steps, positions=positions,
+                                 prefetch=self.prefetch)
+        self._stream = stream
+        try:
+            while True:
+                yield stream.next()
+        finally:
+            stream.close()
 
     def __iter__(self) -> Iterator[Any]:
         from ._executor import DataExecutor
 
         yield from DataExecutor(self)
+
+    # ---- resuming -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the steps are in the data: the batches consumed from every worker.
+
+        Returns a dict of ints, lists and the restartable iterables' own states (H5
+        checkpoint friendly): ``num_csx``, ``num_workers_per_csx``, ``steps`` (global
+        batches consumed) and ``workers`` (per worker rank: ``epoch``, ``position`` in
+        that epoch, ``batches``, ``samples``, ``user_state``).
+        """
+        if self._stream is not None:
+            stream = self._stream
+            return {
+                "version": STATE_VERSION,
+                "num_csx": stream.num_csx,
+                "num_workers_per_csx": stream.per_csx,
+                "steps": stream.steps,
+                "workers": [copy.deepcopy(pos.as_dict()) for pos in stream.positions],
+            }
+        if self._resume is not None:
+            return copy.deepcopy(self._resume)
+        infos = _context.worker_infos()
+        return {
+            "version": STATE_VERSION,
+            "num_csx": infos[0].num_csx,
+            "num_workers_per_csx": infos[0].workers_per_csx,
+            "steps": 0,
+            "workers": [_workers.WorkerPosition().as_dict() for _ in infos],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Makes the next pass (the next executor loop) start where ``state_dict`` was saved.
+
+        Raises:
+          ConfigError: ``state_dict`` is not a DataLoader state, or it was saved with a
+            different streaming layout (``num_csx``, ``num_workers_per_csx``).
+          StateError: a pass over this loader is running.
+        """
+        if self._stream is not None and not self._stream.closed:
+            raise StateError(
+                "DataLoader.load_state_dict() was called while the loader is being "
+                "iterated. Load the state before the loop over the DataExecutor starts."
+            )
+        if not isinstance(state_dict, dict) or state_dict.get("version") != STATE_VERSION:
+            raise ConfigError(
+                "DataLoader.load_state_dict() expects the dict of DataLoader.state_dict() "
+                f"(version {STATE_VERSION}), got {type(state_dict).__name__} with keys "
+                f"{sorted(state_dict) if isinstance(state_dict, dict) else None}."
+            )
+        self._resume = copy.deepcopy(dict(state_dict))
+        self._stream = None
+
+    def _take_resume(
+        self, infos: list[_context.StreamerInfo]
+    ) -> tuple[int, list[_workers.WorkerPosition] | None]:
+        state, self._resume = self._resume, None
+        if state is None:
+            return 0, None
+        saved = (state["num_csx"], state["num_workers_per_csx"])
+        now = (infos[0].num_csx, infos[0].workers_per_csx)
+        if saved != now or len(state["workers"]) != len(infos):
+            raise ConfigError(MSG_LAYOUT.format(saved=saved, now=now))
+        positions = [
+            _workers.WorkerPosition(
+                *(int(w[key]) for key in ("epoch", "position", "batches", "samples")),
+                user_state=w.get("user_state"),
+            )
+            for w in state["workers"]
+        ]
+        return int(state["steps"]), positions

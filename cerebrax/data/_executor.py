@@ -144,8 +144,8 @@ class DataExecutor:
         self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
         _ACTIVE.append(self)
         finished = False
+        batches = self.dataloader.batches(device)
         try:
-            batches = self.dataloader.batches(device)
             for step in range(self.num_steps):
                 if step > 0:
                     self._between_steps(step)
@@ -153,6 +153,7 @@ class DataExecutor:
                 yield next(batches)
             finished = True
         finally:
+            batches.close()  # stops the streaming threads now, not at garbage collection
             if _ACTIVE and _ACTIVE[-1] is self:
                 try:
                     _closures.QUEUE.run_until(None, self)

@@ -1,0 +1,386 @@
+"""Streaming workers: threads that build, convert, place and prefetch a DataLoader's batches.
+
+Layout. A stream has one thread per streaming rank (see ``_context``). Each calls
+``input_fn`` itself (a run without CSX workers reuses the user node's iterable), converts
+its batches to numpy on the host and puts them into its own bounded queue. One feeder
+thread takes the batches in a fixed order -- step ``s`` takes the next batch of local
+worker ``s % num_workers_per_csx`` of every system and concatenates the systems'
+batches -- checks the batch size, places the batch on the device and puts it into the
+output queue that the step reads. Every queue holds ``prefetch`` batches, so the step
+does not wait for data that is ready, and the order never depends on thread timing.
+
+Failures. Every thread catches what its code raises and sends it down its queue in
+place of its next batch, so the step sees the error exactly where that batch would
+have been, with the worker's traceback. Every blocking put and get polls a stop event,
+so closing the stream (the consumer stopped early, or failed) ends all threads promptly.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..errors import ConfigError, StateError
+from ._context import (
+    DataLoaderCheckpoint,
+    RestartableDataLoader,
+    StreamerInfo,
+    bind,
+    worker_state,
+)
+
+__all__ = ["Stream", "WorkerPosition", "close_all_streams", "place", "to_host"]
+
+_POLL_S = 0.05  # how often a blocked put or get looks at the stop event
+_JOIN_S = 2.0  # how long close() waits for the threads, in all
+
+MSG_RAGGED = """\
+Batch {step} of the DataLoader has a different batch size than the first batch:
+{rows}
+A traced step compiles for one batch shape, so every batch must have the same batch
+size, on every backend. Fix: pass drop_last=True to the torch DataLoader that input_fn
+returns (or drop or pad the last, partial batch of the iterable yourself)."""
+
+MSG_EMPTY = "The DataLoader's input_fn produced no batches (in streaming worker {rank})."
+
+MSG_ONE_SHOT = """\
+The DataLoader's input_fn returned an iterator that is exhausted after one pass, and
+the run needs more batches than one pass holds. Return a re-iterable object (a list, a
+torch DataLoader), or run no more steps than one pass (num_steps=...)."""
+
+
+# ---- batch conversion -------------------------------------------------------------------------
+
+
+def _is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, jax.Array))
+
+
+def to_host(batch: Any) -> Any:
+    """``batch`` with every torch tensor leaf (bfloat16 included) as a numpy array."""
+    from .._interop import to_numpy
+
+    return jax.tree.map(
+        lambda x: to_numpy(x) if _is_torch_tensor(x) else x, batch, is_leaf=_is_torch_tensor
+    )
+
+
+def place(batch: Any, placement: Any) -> Any:
+    """``batch`` with every array leaf put on ``placement`` (a device or a sharding)."""
+    leaves, treedef = jax.tree.flatten(batch)
+    where = [i for i, x in enumerate(leaves) if _is_array(x)]
+    placed = jax.device_put([leaves[i] for i in where], placement)
+    for i, x in zip(where, placed):
+        leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _rows(batch: Any) -> int:
+    """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
+    for x in jax.tree.leaves(batch):
+        if _is_array(x):
+            return int(np.shape(x)[0]) if np.ndim(x) else 1
+    return 1
+
+
+def _concat(parts: list[Any]) -> Any:
+    """The systems' batches joined along the batch dimension (the global batch)."""
+
+    def join(*leaves: Any) -> Any:
+        if _is_array(leaves[0]) and np.ndim(leaves[0]) >= 1:
+            return np.concatenate([np.asarray(x) for x in leaves])
+        return leaves[0]
+
+    return jax.tree.map(join, *parts)
+
+
+class _BatchSizeCheck:
+    """Raises when a batch's dim 0 differs, on some leaf, from the first batch's."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[int, ...]] | None = None
+
+    def __call__(self, batch: Any, step: int) -> None:
+        shapes = {
+            jax.tree_util.keystr(path): np.shape(x)
+            for path, x in jax.tree_util.tree_leaves_with_path(batch)
+            if _is_array(x)
+        }
+        if self.first is None:
+            self.first = shapes
+            return
+        rows = [
+            f"  batch{path}: first batch {self.first[path]}, this batch {shape}"
+            for path, shape in shapes.items()
+            if path in self.first and shape[:1] != self.first[path][:1]
+        ]
+        if rows:
+            raise ConfigError(MSG_RAGGED.format(step=step, rows="\n".join(rows)))
+
+
+# ---- messages between the threads ---------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Failure:
+    error: BaseException
+    where: str  # "streaming worker 1 of 2", or "" for cerebrax's own checks
+
+
+@dataclasses.dataclass
+class WorkerPosition:
+    """How far one worker's data has been consumed by the step.
+
+    ``epoch`` and ``position`` (batches of that epoch) locate the last consumed batch;
+    ``batches`` and ``samples`` count what was consumed in all; ``user_state`` is the
+    restartable loader's state after that batch (None for other loaders).
+    """
+
+    epoch: int = 0
+    position: int = 0
+    batches: int = 0
+    samples: int = 0
+    user_state: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class _HostBatch:
+    batch: Any
+    position: WorkerPosition
+
+
+@dataclasses.dataclass
+class _Placed:
+    batch: Any
+    parts: list[tuple[int, WorkerPosition]]  # (worker rank, its position after this batch)
+
+
+def _set_epoch(source: Any, epoch: int) -> None:
+    """Tells epoch-aware samplers and datasets (``set_epoch``) which epoch starts."""
+    for obj in (source, getattr(source, "sampler", None), getattr(source, "dataset", None)):
+        set_epoch = getattr(obj, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+# ---- the threads ----------------------------------------------------------------------------
+
+
+class _Worker:
+    """One streaming rank: builds its iterable and streams host batches into its queue."""
+
+    def __init__(
+        self, stream: Stream, info: StreamerInfo, make_source: Callable[[], Any],
+        start: WorkerPosition,
+    ):
+        self.stream, self.info, self.make_source, self.start = stream, info, make_source, start
+        self.queue: queue.Queue = queue.Queue(maxsize=stream.prefetch)
+        self.thread = threading.Thread(
+            target=self._run, name=f"cerebrax-streamer-{info.rank}", daemon=True
+        )
+
+    @property
+    def where(self) -> str:
+        return f"streaming worker {self.info.rank} of {self.info.num_streamers}"
+
+    def _run(self) -> None:
+        with bind(self.info):
+            try:
+                self._stream()
+            except BaseException as error:  # noqa: BLE001 - the step re-raises it
+                self.stream.put(self.queue, _Failure(error, self.where))
+
+    def _checkpoint(self, pos: WorkerPosition, user_state: Any = None) -> DataLoaderCheckpoint:
+        info, k = self.info, self.info.workers_per_csx
+        return DataLoaderCheckpoint(
+            local_worker_id=info.local_worker_id, num_workers_per_csx=k,
+            num_csx=info.num_csx, wse_id=info.wse_id,
+            appliance_step=(pos.batches - 1) * k + info.local_worker_id + 1 if pos.batches else 0,
+            worker_step=pos.batches, samples_streamed=pos.samples, user_state_dict=user_state,
+        )
+
+    def _stream(self) -> None:
+        source = self.make_source()
+        restartable = isinstance(source, RestartableDataLoader)
+        start = self.start
+        restored = restartable and start.user_state is not None
+        if restored:
+            with worker_state(self._checkpoint(start, start.user_state)):
+                source.load_state_dict(start.user_state)
+        # Without a restored state, replay the batches the saved run consumed.
+        target = (start.epoch, start.position)
+        epoch, position = target if restored else (0, 0)
+        batches, samples = start.batches, start.samples
+        first_pass = True
+        while not self.stream.stop.is_set():
+            _set_epoch(source, epoch)
+            seen = 0
+            for batch in source:
+                seen += 1
+                position += 1
+                if (epoch, position) <= target:  # consumed before the resume: replay
+                    if self.stream.stop.is_set():
+                        return
+                    continue
+                host = to_host(batch)
+                batches += 1
+                samples += _rows(host)
+                pos = WorkerPosition(epoch, position, batches, samples)
+                if restartable:
+                    with worker_state(self._checkpoint(pos)):
+                        pos.user_state = copy.deepcopy(source.state_dict())
+                if not self.stream.put(self.queue, _HostBatch(host, pos)):
+                    return
+            if seen == 0 and not (restored and first_pass):
+                raise ConfigError(MSG_EMPTY.format(rank=self.info.rank))
+            if iter(source) is source:
+                raise ConfigError(MSG_ONE_SHOT)
+            epoch, position, first_pass = epoch + 1, 0, False
+
+
+_LIVE: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+def close_all_streams() -> None:
+    """Stops every live stream (``cerebrax.reset``)."""
+    for stream in list(_LIVE):
+        stream.close()
+
+
+class Stream:
+    """The workers, the feeder and the output queue of one pass over a DataLoader.
+
+    Args:
+      infos: one streaming context per worker, in rank order.
+      make_source: called in each worker's thread (inside its context) to build its
+        iterable.
+      placement: the device or sharding the batches are put on.
+      steps: the global batches a saved run consumed (0 for a fresh run).
+      positions: each worker's :class:`WorkerPosition` in that run.
+      prefetch: batches each queue holds.
+    """
+
+    def __init__(
+        self, infos: list[StreamerInfo], make_source: Callable[[], Any], placement: Any, *,
+        steps: int = 0, positions: list[WorkerPosition] | None = None, prefetch: int = 2,
+    ):
+        self.num_csx, self.per_csx = infos[0].num_csx, infos[0].workers_per_csx
+        self.placement = placement
+        self.prefetch = prefetch
+        self.stop = threading.Event()
+        self.steps = steps
+        self.positions = positions or [WorkerPosition() for _ in infos]
+        self.workers = [
+            _Worker(self, info, make_source, pos) for info, pos in zip(infos, self.positions)
+        ]
+        self.out: queue.Queue = queue.Queue(maxsize=prefetch)
+        self.feeder = threading.Thread(target=self._feed, name="cerebrax-feeder", daemon=True)
+        self.closed = False
+        _LIVE.add(self)
+        for worker in self.workers:
+            worker.thread.start()
+        self.feeder.start()
+
+    # ---- blocking queue operations that give way to stop ----
+    def put(self, q: queue.Queue, item: Any) -> bool:
+        """Puts ``item`` into ``q``; False (and nothing put) once the stream stops."""
+        while not self.stop.is_set():
+            try:
+                q.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _get(self, q: queue.Queue, thread: threading.Thread, where: str) -> Any:
+        """The next item of ``q``; None once the stream stops."""
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not thread.is_alive() and q.empty():
+                    return _Failure(StateError(f"The {where} stopped without a batch."), "")
+        return None
+
+    # ---- the feeder thread ----
+    def _feed(self) -> None:
+        check = _BatchSizeCheck()
+        step = self.steps
+        try:
+            while True:
+                local = step % self.per_csx
+                parts = []
+                for csx in range(self.num_csx):
+                    worker = self.workers[csx * self.per_csx + local]
+                    item = self._get(worker.queue, worker.thread, worker.where)
+                    if item is None:
+                        return
+                    if isinstance(item, _Failure):
+                        self.put(self.out, item)
+                        return
+                    parts.append((worker.info.rank, item))
+                batches = [item.batch for _, item in parts]
+                batch = batches[0] if len(batches) == 1 else _concat(batches)
+                check(batch, step)
+                placed = _Placed(place(batch, self.placement),
+                                 [(rank, item.position) for rank, item in parts])
+                if not self.put(self.out, placed):
+                    return
+                step += 1
+        except BaseException as error:  # noqa: BLE001 - the step re-raises it
+            self.put(self.out, _Failure(error, ""))
+
+    # ---- the consumer side (the thread that runs the steps) ----
+    def next(self) -> Any:
+        """The next placed batch; raises what a worker or the feeder raised."""
+        if self.closed:
+            raise StateError("This DataLoader stream is closed; iterate the DataLoader again.")
+        item = self._get(self.out, self.feeder, "batch feeder")
+        if isinstance(item, _Failure):
+            self.close()
+            error = item.error
+            if item.where:
+                error.add_note(
+                    f"[cerebrax] raised in {item.where} of the DataLoader while it ran "
+                    "input_fn or iterated its data; the traceback's frames from "
+                    "'_run' on are the worker's."
+                )
+            raise error
+        for rank, pos in item.parts:
+            self.positions[rank] = pos
+        self.steps += 1
+        return item.batch
+
+    def close(self) -> None:
+        """Stops the threads (waiting up to 2 s for them) and drops the queued batches."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stop.set()
+        threads = [self.feeder] + [w.thread for w in self.workers]
+        deadline = _JOIN_S / len(threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(deadline)
+        for q in [self.out] + [w.queue for w in self.workers]:
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        _LIVE.discard(self)

@@ -1,0 +1,457 @@
+"""Streaming workers: sharding helpers, order, prefetch, failures, shutdown and resume."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import jax
+import numpy as np
+import pytest
+
+import cerebrax as cstorch
+from cerebrax.data import compute_num_steps
+
+dist = cstorch.distributed
+DataLoader = cstorch.utils.data.DataLoader
+
+
+def csx(workers_per_csx: int, num_csx: int = 1) -> None:
+    cstorch.backend("CSX", cluster_config=dist.ClusterConfig(
+        num_csx=num_csx, num_workers_per_csx=workers_per_csx))
+
+
+def within(seconds: float, fn, *args):
+    """Runs ``fn(*args)`` in a daemon thread; fails the test if it takes longer."""
+    result: dict = {}
+
+    def body():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            result["error"] = error
+
+    thread = threading.Thread(target=body, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s: a hang"
+    result["elapsed"] = time.monotonic() - start
+    return result
+
+
+def streaming_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("cerebrax-")]
+
+
+def take(iterator, n: int) -> list:
+    return [next(iterator) for _ in range(n)]
+
+
+def sharded_input_fn(num_rows: int, batch_size: int, seed: int = 0):
+    """The documented idiom: a disjoint shard per worker, shuffled differently per worker."""
+    num_tasks = dist.num_streamers() if dist.is_streamer() else 1
+    task_id = dist.get_streaming_rank() if dist.is_streamer() else 0
+    rows = np.arange(num_rows)[task_id::num_tasks]
+    rows = np.random.default_rng(seed + task_id).permutation(rows)
+    per_step = dist.get_streaming_batch_size(batch_size)
+    return [rows[i:i + per_step] for i in range(0, len(rows) - per_step + 1, per_step)]
+
+
+# ---- step counts ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, kwargs, expected", [
+    ((10,), dict(initial_step=4, max_steps=10), 6),
+    ((10,), dict(initial_step=4, num_steps=3, max_steps=10), 3),
+    ((10,), dict(num_epochs=2, grad_accum_steps=3), 6),
+    ((10,), dict(num_epochs=2, steps_per_epoch=8, grad_accum_steps=4), 4),
+    ((10,), dict(grad_accum_steps=2), 5),
+    (([0] * 7,), dict(num_epochs=2), 14),
+    ((10, 2), dict(max_steps=5), 3),  # cstorch's positional order: (dataloader, initial_step)
+])
+def test_step_count_rules(args, kwargs, expected):
+    assert compute_num_steps(*args, **kwargs) == expected
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(initial_step=10, max_steps=10), "max_steps=10 is already reached"),
+    (dict(num_epochs=1, steps_per_epoch=2, grad_accum_steps=3), "smaller than grad_accum"),
+    (dict(grad_accum_steps=0), "must be an integer > 0"),
+    (dict(initial_step=-1, num_steps=2), "must be an integer >= 0"),
+    (dict(max_steps=True), "must be an integer > 0"),
+])
+def test_step_count_errors(kwargs, match):
+    with pytest.raises(cstorch.ConfigError, match=match):
+        compute_num_steps(10, **kwargs)
+
+
+def test_step_count_of_a_dataloader_uses_the_length_of_its_data():
+    loader = DataLoader(lambda: [np.zeros(2)] * 6, num_steps=100)
+    assert compute_num_steps(loader, num_epochs=2) == 12
+    assert len(loader) == 100
+
+
+# ---- sharding helpers ---------------------------------------------------------------------
+
+
+def test_helpers_without_csx_workers_describe_one_streamer():
+    seen = {}
+
+    def input_fn():
+        seen.update(streamers=dist.num_streamers(), rank=dist.get_streaming_rank(),
+                    streamer=dist.is_streamer(), bs=dist.get_streaming_batch_size(8),
+                    tasks=dist.num_tasks(), ordinal=dist.get_ordinal(),
+                    master=dist.is_master_ordinal(), receivers=dist.num_receivers(),
+                    thread=threading.current_thread().name)
+        return [np.zeros(2)]
+
+    list(DataLoader(input_fn, num_steps=2))
+    assert seen == dict(streamers=1, rank=0, streamer=True, bs=8, tasks=1, ordinal=0,
+                        master=True, receivers=1, thread="MainThread")
+
+
+def test_helpers_in_csx_workers_and_on_the_user_node():
+    csx(workers_per_csx=2, num_csx=2)
+    seen = {}
+    lock = threading.Lock()
+
+    def input_fn():
+        info = (dist.num_streamers(), dist.is_streamer(), dist.get_streaming_batch_size(5),
+                dist.num_tasks(), dist.get_ordinal(), dist.num_receivers())
+        rank = dist.get_streaming_rank() if dist.is_streamer() else "user"
+        with lock:
+            seen[rank] = info
+        return [np.zeros((dist.get_streaming_batch_size(5), 1))] * 4
+
+    loader = DataLoader(input_fn, num_steps=2)
+    assert len(loader) == 2  # the user node's copy is built for the length
+    assert [b.shape for b in loader] == [(5, 1), (5, 1)]  # 3 + 2 rows: the global batch
+    assert seen == {
+        "user": (4, False, 5, 5, 0, 2),
+        0: (4, True, 3, 5, 1, 2), 1: (4, True, 3, 5, 2, 2),
+        2: (4, True, 2, 5, 3, 2), 3: (4, True, 2, 5, 4, 2),
+    }
+    with pytest.raises(cstorch.StateError, match="is_streamer"):
+        dist.get_streaming_rank()
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_workers_stream_disjoint_shards_that_cover_the_data(workers):
+    csx(workers_per_csx=workers)
+    loader = DataLoader(sharded_input_fn, 96, 4, seed=7, num_epochs=1)
+    assert len(loader) == 24  # the user node sees all 96 rows
+    rows = np.concatenate([np.asarray(b) for b in loader])
+    assert sorted(rows.tolist()) == list(range(96))
+    # Step s came from worker s % workers, whose rows are rank::workers.
+    steps = rows.reshape(24, 4)
+    assert [int(s[0]) % workers for s in steps] == [s % workers for s in range(24)]
+
+
+def test_workers_with_the_same_seed_shuffle_differently():
+    csx(workers_per_csx=2)
+    loader = DataLoader(lambda: np.random.default_rng(
+        3 + dist.get_streaming_rank()).permutation(8).reshape(4, 2) if dist.is_streamer()
+        else np.zeros((4, 2)), num_steps=8)
+    batches = [np.asarray(b).tolist() for b in loader]
+    assert batches[0::2] != batches[1::2]  # worker 0's epoch vs worker 1's
+    assert sorted(sum(batches[0::2], [])) == sorted(sum(batches[1::2], [])) == list(range(8))
+
+
+def test_round_robin_order_is_deterministic():
+    csx(workers_per_csx=3)
+
+    def input_fn():
+        rank = dist.get_streaming_rank() if dist.is_streamer() else -1
+        time.sleep(0.01 * (3 - rank) if rank >= 0 else 0)  # worker 0 is ready last
+        return [np.array([rank, i]) for i in range(4)]
+
+    runs = [[tuple(np.asarray(b).tolist()) for b in DataLoader(input_fn, num_steps=12)]
+            for _ in range(2)]
+    assert runs[0] == runs[1] == [(s % 3, s // 3) for s in range(12)]
+
+
+# ---- conversion and placement ---------------------------------------------------------------
+
+
+def test_torch_batches_in_nested_structures_are_placed_on_the_sharding():
+    torch = pytest.importorskip("torch")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    batch = {"x": torch.ones(2, 3, dtype=torch.bfloat16),
+             "y": (np.arange(2), jax.numpy.zeros(2)), "n": 3}
+    stream = DataLoader(lambda: [batch]).batches(sharding)
+    got = next(stream)
+    stream.close()
+    assert got["x"].dtype == jax.numpy.bfloat16 and got["x"].sharding == sharding
+    assert got["y"][0].sharding == sharding and got["y"][1].sharding == sharding
+    assert got["n"] == 3
+
+
+@pytest.mark.parametrize("seeded", [True, False])
+def test_torch_dataloader_input_fn_with_and_without_generator_seeds(seeded):
+    torch = pytest.importorskip("torch")
+    csx(workers_per_csx=2)
+
+    def input_fn(seed):
+        task_id = dist.get_streaming_rank() if dist.is_streamer() else 0
+        num_tasks = dist.num_streamers() if dist.is_streamer() else 1
+        shard = torch.utils.data.Subset(torch.arange(40), range(task_id, 40, num_tasks))
+        generator = torch.Generator().manual_seed(seed + task_id) if seeded else None
+        return torch.utils.data.DataLoader(shard, batch_size=4, shuffle=True,
+                                           generator=generator, drop_last=True)
+
+    def run():
+        return [np.asarray(b).tolist() for b in DataLoader(input_fn, 5, num_epochs=2)]
+
+    first = run()
+    assert len(first) == 20
+    for epoch in (first[:10], first[10:]):  # every epoch covers the data once
+        assert sorted(sum(epoch, [])) == list(range(40))
+    if seeded:
+        assert run() == first
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+def test_a_ragged_batch_names_the_shapes_and_drop_last():
+    torch = pytest.importorskip("torch")
+    dataset = torch.utils.data.TensorDataset(torch.zeros(10, 1), torch.zeros(10))
+    loader = DataLoader(lambda: torch.utils.data.DataLoader(dataset, batch_size=4), num_steps=3)
+    got = []
+    with pytest.raises(cstorch.ConfigError, match="drop_last=True") as info:
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2  # the error comes at the ragged batch, not before
+    assert "batch[0]: first batch (4, 1), this batch (2, 1)" in str(info.value)
+    assert "batch[1]: first batch (4,), this batch (2,)" in str(info.value)
+
+
+def test_a_ragged_worker_is_an_error_on_csx_too():
+    csx(workers_per_csx=2)
+    loader = DataLoader(lambda: [np.zeros((3 if dist.get_streaming_rank() else 4, 2))]
+                        if dist.is_streamer() else [np.zeros((4, 2))], num_steps=4)
+    with pytest.raises(cstorch.ConfigError, match=r"Batch 1 .*\n.*\(4, 2\), this batch \(3, 2\)"):
+        list(loader)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_input_fn_raising_at_build_time_reaches_the_step_within_seconds():
+    csx(workers_per_csx=2)
+
+    def input_fn():
+        if dist.is_streamer() and dist.get_streaming_rank() == 1:
+            raise Boom("no data for worker 1")
+        return [np.zeros(2)] * 3
+
+    result = within(5, lambda: list(DataLoader(input_fn, num_steps=6)))
+    error = result["error"]
+    assert isinstance(error, Boom) and result["elapsed"] < 5
+    assert any("streaming worker 1 of 2" in note for note in error.__notes__)
+    assert "in input_fn" in "".join(traceback.format_exception(error))
+    assert not streaming_threads()
+
+
+def test_an_error_mid_iteration_arrives_where_its_batch_would_have():
+    def input_fn():
+        def gen():
+            for i in range(3):
+                yield np.full(2, i)
+            raise Boom("corrupt record 3")
+
+        class Data:
+            def __iter__(self):
+                return gen()
+        return Data()
+
+    got = []
+
+    def run():
+        for batch in DataLoader(input_fn, num_steps=5):
+            got.append(int(batch[0]))
+
+    result = within(5, run)
+    assert isinstance(result["error"], Boom) and got == [0, 1, 2]
+    assert "corrupt record 3" in str(result["error"])
+    assert not streaming_threads()
+
+
+def test_an_empty_or_exhausted_input_fn_is_an_error():
+    with pytest.raises(cstorch.ConfigError, match="produced no batches"):
+        list(DataLoader(lambda: [], num_steps=2))
+    with pytest.raises(cstorch.ConfigError, match="exhausted after one pass"):
+        list(DataLoader(lambda: iter([np.zeros(1)] * 2), num_steps=3))
+    assert len(list(DataLoader(lambda: iter([np.zeros(1)] * 2), num_steps=2))) == 2
+
+
+# ---- shutdown and prefetch ------------------------------------------------------------------
+
+
+def test_an_early_break_stops_every_worker_thread():
+    csx(workers_per_csx=3)
+    endless = lambda: [np.zeros(2)] * 1000  # noqa: E731
+    for i, _ in enumerate(DataLoader(endless, num_steps=1000)):
+        if i == 2:
+            break
+    assert not streaming_threads()
+    stream = DataLoader(endless).batches()
+    take(stream, 2)
+    assert len(streaming_threads()) == 4  # 3 workers + the feeder
+    stream.close()
+    assert not streaming_threads()
+
+
+def test_prefetching_overlaps_input_and_step():
+    def slow_input_fn():
+        class Slow:
+            def __iter__(self):
+                for i in range(12):
+                    time.sleep(0.02)
+                    yield np.full(4, i)
+        return Slow()
+
+    start = time.monotonic()
+    for _ in DataLoader(slow_input_fn, num_steps=12):
+        time.sleep(0.02)  # the step
+    elapsed = time.monotonic() - start
+    assert elapsed < 0.75 * (12 * 0.04), elapsed  # the serial sum is 0.48 s
+
+
+def test_two_workers_stream_in_parallel():
+    csx(workers_per_csx=2)
+
+    def slow_input_fn():
+        class Slow:
+            def __iter__(self):
+                for i in range(8):
+                    time.sleep(0.04)
+                    yield np.full(4, i)
+        return Slow()
+
+    start = time.monotonic()
+    for _ in DataLoader(slow_input_fn, num_steps=16):
+        time.sleep(0.02)
+    elapsed = time.monotonic() - start
+    assert elapsed < 0.75 * (16 * 0.06), elapsed  # the serial sum is 0.96 s
+
+
+# ---- resume -----------------------------------------------------------------------------------
+
+
+def torch_shuffled(seed: int = 0):
+    import torch
+
+    task_id = dist.get_streaming_rank() if dist.is_streamer() else 0
+    data = torch.arange(24).reshape(12, 2)
+    return torch.utils.data.DataLoader(
+        data, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(seed + task_id))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_from_a_state_dict_reproduces_the_batches(workers, tmp_path):
+    pytest.importorskip("torch")
+    csx(workers_per_csx=workers)  # 0: one streamer, the main thread's iterable
+    full = [np.asarray(b).tolist() for b in DataLoader(torch_shuffled, num_steps=19)]
+    for stop in (1, 5, 8, 13):
+        loader = DataLoader(torch_shuffled, num_steps=stop)
+        head = [np.asarray(b).tolist() for b in loader]
+        cstorch.save({"dataloader": loader.state_dict()}, tmp_path / "ckpt.mdl")
+        resumed = DataLoader(torch_shuffled, num_steps=19 - stop)
+        resumed.load_state_dict(cstorch.load(tmp_path / "ckpt.mdl")["dataloader"])
+        tail = [np.asarray(b).tolist() for b in resumed]
+        assert head + tail == full, stop
+        assert resumed.state_dict()["steps"] == 19
+
+
+def test_state_dict_counts_consumed_batches_not_prefetched_ones():
+    csx(workers_per_csx=2)
+    loader = DataLoader(lambda: [np.zeros(2)] * 3, num_steps=100)
+    stream = loader.batches()
+    take(stream, 5)
+    time.sleep(0.05)  # the workers run ahead
+    state = loader.state_dict()
+    assert state["steps"] == 5
+    assert [(w["epoch"], w["position"], w["batches"]) for w in state["workers"]] == [
+        (0, 3, 3), (0, 2, 2)]
+    with pytest.raises(cstorch.StateError, match="while the loader is being iterated"):
+        loader.load_state_dict(state)
+    stream.close()
+
+
+def test_resume_needs_the_same_streaming_layout():
+    state = DataLoader(lambda: [np.zeros(1)]).state_dict()
+    cstorch.reset()
+    csx(workers_per_csx=2)
+    loader = DataLoader(lambda: [np.zeros(1)], num_steps=2)
+    loader.load_state_dict(state)
+    with pytest.raises(cstorch.ConfigError, match="num_workers_per_csx=1 workers, but this run"):
+        list(loader)
+    with pytest.raises(cstorch.ConfigError, match="expects the dict"):
+        loader.load_state_dict({"steps": 3})
+
+
+class Counter:
+    """A restartable iterable: resumes from its own state, never replays."""
+
+    def __init__(self, n: int):
+        self.n, self.next_value, self.loaded, self.worker_steps = n, 0, None, []
+
+    def __iter__(self):
+        while self.next_value < self.n:
+            self.next_value += 1
+            yield np.full(2, self.next_value - 1)
+        self.next_value = 0
+
+    def state_dict(self):
+        self.worker_steps.append(dist.get_worker_state().worker_step)
+        return {"next_value": self.next_value}
+
+    def load_state_dict(self, state):
+        assert dist.get_worker_state().user_state_dict == state
+        self.loaded = dict(state)
+        self.next_value = state["next_value"]
+
+
+def test_a_restartable_iterable_is_restored_from_its_own_state():
+    assert isinstance(Counter(1), cstorch.utils.data.RestartableDataLoader)
+    made = []
+
+    def input_fn():
+        made.append(Counter(5))
+        return made[-1]
+
+    loader = DataLoader(input_fn, num_steps=7)
+    assert [int(b[0]) for b in loader] == [0, 1, 2, 3, 4, 0, 1]
+    state = loader.state_dict()
+    assert state["workers"][0]["user_state"] == {"next_value": 2}
+    assert made[0].worker_steps[:7] == [1, 2, 3, 4, 5, 6, 7]
+    resumed = DataLoader(input_fn, num_steps=4)
+    resumed.load_state_dict(state)
+    assert [int(b[0]) for b in resumed] == [2, 3, 4, 0]
+    assert made[1].loaded == {"next_value": 2}
+    with pytest.raises(cstorch.StateError, match="only available inside"):
+        dist.get_worker_state()
+
+
+def test_a_checkpoint_closure_saves_the_state_of_its_own_step():
+    csx(workers_per_csx=2)
+    full = [np.asarray(b).tolist() for b in DataLoader(sharded_input_fn, 40, 2, num_steps=10)]
+    saved = {}
+
+    @cstorch.checkpoint_closure
+    def save(step):
+        saved[step] = loader.state_dict()
+
+    loader = DataLoader(sharded_input_fn, 40, 2, num_steps=10)
+    executor = cstorch.utils.data.DataExecutor(loader, checkpoint_steps=4, progress_bar=False)
+    for _ in executor:
+        save(executor.iteration)
+    assert {step: state["steps"] for step, state in saved.items()} == {3: 4, 7: 8, 9: 10}
+    resumed = DataLoader(sharded_input_fn, 40, 2, num_steps=6)
+    resumed.load_state_dict(saved[3])
+    assert [np.asarray(b).tolist() for b in resumed] == full[4:]
