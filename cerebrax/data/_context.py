@@ -6,8 +6,9 @@ thread-local context that the helpers below read, so an ``input_fn`` can give ev
 worker its own shard of the data:
 
     def input_fn(batch_size, seed=0):
-        num_tasks = cstorch.distributed.num_streamers() if cstorch.distributed.is_streamer() else 1
-        task_id = cstorch.distributed.get_streaming_rank() if cstorch.distributed.is_streamer() else 0
+        streamer = cstorch.distributed.is_streamer()
+        num_tasks = cstorch.distributed.num_streamers() if streamer else 1
+        task_id = cstorch.distributed.get_streaming_rank() if streamer else 0
         shard = torch.utils.data.Subset(dataset, range(task_id, len(dataset), num_tasks))
         generator = torch.Generator().manual_seed(seed + task_id)  # workers shuffle differently
         return torch.utils.data.DataLoader(
