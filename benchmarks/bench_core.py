@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from results import write_section
 
 import cerebrax as cstorch
 
@@ -190,7 +191,7 @@ def main() -> None:
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}; "
                f"jax {jax.__version__}, backend {jax.default_backend()}")
     lines = [
-        "# Benchmark results",
+        "## Step and closure overhead",
         "",
         f"Machine: {machine}. Model: MLP {'-'.join(map(str, SIZES))}, batch {BATCH}, "
         f"AdamW + cosine decay, float32. {args.rounds} alternating rounds of "
@@ -213,7 +214,7 @@ def main() -> None:
     ]
     text = "\n".join(lines)
     print(text)
-    pathlib.Path(args.output).write_text(text)
+    write_section(pathlib.Path(args.output), "core", text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""The implementation of the ``cerebrax`` command (see :mod:`cerebrax.cli`)."""

@@ -1,0 +1,271 @@
+"""The four commands: ``fit``, ``eval``, ``validate`` and ``compile``."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import metrics as cs_metrics
+from .._closures import checkpoint_closure, step_closure
+from ..amp import optimizer_step
+from ..ckpt import load, save
+from ..data import DataExecutor
+from ..errors import ConfigError
+from ..trace import _write_artifacts, trace
+from . import _build
+from ._config import InputSpec, JobConfig
+
+__all__ = ["run_compile", "run_eval", "run_fit"]
+
+CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)\.mdl$")
+
+
+def _fmt(value: Any) -> str:
+    """The shortest text that reads back as the same float32 (or float16) value."""
+    return str(np.asarray(value)[()])
+
+
+# ---- steps -------------------------------------------------------------------------------
+def _training_step(job: JobConfig, model: Any, loss_fn: Any, pieces: tuple):
+    optimizer, scheduler, scaler = pieces
+
+    @trace
+    def training_step(inputs, targets):
+        loss = loss_fn(model(inputs), targets)
+        optimizer_step(
+            loss,
+            optimizer,
+            scaler,
+            max_gradient_norm=job.max_gradient_norm,
+            max_gradient_value=job.max_gradient_value,
+        )
+        if scheduler is not None:
+            scheduler.step()
+        return loss
+
+    return training_step
+
+
+def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any):
+    @trace
+    def evaluation_step(inputs, targets):
+        outputs = model(inputs)
+        loss = loss_fn(outputs, targets)
+        mean_loss.update(loss)
+        for metric, reads in metrics:
+            if reads == "predictions":
+                metric.update(labels=targets, predictions=jnp.argmax(outputs, axis=-1))
+            else:  # perplexity: the batch's summed loss over its tokens
+                metric.update(labels=targets, loss=loss * jnp.size(targets))
+        return loss
+
+    return evaluation_step
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+def latest_checkpoint(model_dir: str) -> str | None:
+    found = []
+    for path in glob.glob(os.path.join(model_dir, "checkpoint_*.mdl")):
+        match = CHECKPOINT_NAME.search(path)
+        if match:
+            found.append((int(match.group(1)), path))
+    return max(found)[1] if found else None
+
+
+def _restore(state: Any, model: Any, pieces: tuple, path: str) -> int:
+    optimizer, scheduler, scaler = pieces
+    model.load_state_dict(state["model"])
+    if "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    schedulers = state.get("schedulers") or (
+        [state["lr_scheduler"]] if "lr_scheduler" in state else []
+    )
+    if scheduler is not None and schedulers:
+        scheduler.load_state_dict(schedulers[0])
+    if scaler is not None and state.get("grad_scaler"):
+        scaler.load_state_dict(state["grad_scaler"])
+    step = state.get("global_step", 0)
+    step = int(np.asarray(step))
+    print(f"[cerebrax] resumed from {path} at step {step}")
+    return step
+
+
+# ---- fit ---------------------------------------------------------------------------------
+def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None) -> None:
+    run = job.run
+    os.makedirs(run.model_dir, exist_ok=True)
+    backend = _build.build_backend(job)
+    model, loss_fn = _build.build_model(job, backend)
+    pieces = _build.build_optimizer(job, model)
+    optimizer, scheduler, scaler = pieces
+    step_fn = _training_step(job, model, loss_fn, pieces)
+
+    start, state = 0, None
+    if checkpoint is not None:
+        state = load(checkpoint)
+        start = _restore(state, model, pieces, checkpoint)
+    remaining = run.num_steps - start
+    if remaining < 1:
+        raise ConfigError(
+            f"the checkpoint is at step {start}, and runconfig.num_steps is {run.num_steps}: "
+            "nothing is left to train. Raise runconfig.num_steps to train further."
+        )
+    # Resume the data where the checkpoint left it: from the DataLoader's own state, or,
+    # for a checkpoint without one, by skipping the batches its steps consumed (such a
+    # run then saves no loader state either, so its checkpoints resume the same way).
+    data_state = state.get("dataloader") if state is not None else None
+    skip = start if data_state is None else 0
+    loader = _build.build_loader(job.train_input, num_steps=remaining, skip=skip)
+    if data_state is not None:
+        loader.load_state_dict(data_state)
+
+    every = run.checkpoint_steps
+    executor = DataExecutor(
+        loader,
+        num_steps=remaining,
+        # Global checkpoint steps k, 2k, ... are local steps of the resumed run only when
+        # the executor's cadence divides both k and the starting step.
+        checkpoint_steps=math.gcd(every, start) if every else 0,
+        activation_steps=math.gcd(run.log_steps, start),
+    )
+
+    @step_closure
+    def log_loss(loss, step):
+        if step % run.log_steps == 0 or step == run.num_steps:
+            print(f"step {step:6d}  loss {_fmt(loss)}", flush=True)
+
+    @checkpoint_closure
+    def save_checkpoint(step):
+        if not (step == run.num_steps or (every and step % every == 0)):
+            return
+        state_dict = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        if scheduler is not None:
+            state_dict["schedulers"] = [scheduler.state_dict()]
+        if scaler is not None:
+            state_dict["grad_scaler"] = scaler.state_dict()
+        if not skip:
+            state_dict["dataloader"] = loader.state_dict()
+        state_dict["global_step"] = step
+        path = os.path.join(run.model_dir, f"checkpoint_{step}.mdl")
+        save(state_dict, path)
+        print(f"saved {path}", flush=True)
+
+    model.train()
+    for batch in executor:
+        if executor.is_initial_step:
+            _build.check_batch(batch, job.train_input)
+            timer = _FirstStep(counter)
+        loss = step_fn(*batch)
+        if executor.is_initial_step:
+            timer.report(loss)
+        log_loss(loss, start + executor.user_iteration)
+        save_checkpoint(start + executor.user_iteration)
+
+
+class _FirstStep:
+    """Times the first step (trace, compile or cache load, run) and notes cache use."""
+
+    def __init__(self, counter: _build.CacheCounter):
+        self.counter = counter
+        self.hits, self.misses = counter.hits, counter.misses
+        self.start = time.perf_counter()
+
+    def report(self, output: Any) -> None:
+        jax.block_until_ready(output)  # host sync point: the first step only
+        seconds = time.perf_counter() - self.start
+        hits = self.counter.hits - self.hits
+        misses = self.counter.misses - self.misses
+        cache = "hit" if hits and not misses else "miss" if misses else "not used"
+        print(
+            f"[cerebrax] first step in {seconds:.3f} s (compile cache {cache}: "
+            f"{hits} hit(s), {misses} miss(es))",
+            flush=True,
+        )
+
+
+# ---- eval --------------------------------------------------------------------------------
+def run_eval(job: JobConfig, checkpoint: str | None) -> None:
+    run = job.run
+    path = checkpoint or latest_checkpoint(run.model_dir)
+    if path is None:
+        raise ConfigError(
+            f"`cerebrax eval` needs trained weights: no checkpoint_<step>.mdl in "
+            f"{run.model_dir!r}. Pass --checkpoint PATH or run `cerebrax fit` first."
+        )
+    backend = _build.build_backend(job)
+    model, loss_fn = _build.build_model(job, backend)
+    metrics = _build.build_metrics(job)
+    mean_loss = cs_metrics.MeanMetric("loss")
+    state = load(path)
+    model.load_state_dict(state["model"])
+    step = state.get("global_step")
+    print(
+        f"[cerebrax] evaluating {path}"
+        + (f" (step {int(np.asarray(step))})" if step is not None else "")
+    )
+    step_fn = _evaluation_step(model, loss_fn, metrics, mean_loss)
+    loader = _build.build_loader(job.eval_input, num_steps=job.eval_input.num_steps)
+    model.eval()
+    steps = 0
+    for batch in DataExecutor(loader):
+        if not steps:
+            _build.check_batch(batch, job.eval_input)
+        step_fn(*batch)
+        steps += 1
+    # Host sync points: each float() waits for the last evaluation step.
+    print(f"eval loss {float(mean_loss):.6f}  ({steps} steps)")
+    for metric, _ in metrics:
+        print(f"eval {metric.name} {float(metric):.6f}")
+
+
+# ---- validate / compile --------------------------------------------------------------------
+def run_compile(job: JobConfig, *, mode: str, validate_only: bool) -> None:
+    """Traces (``validate``) or compiles (``compile``) one step; runs nothing.
+
+    A CSX backend does this itself (``validate_only`` / ``compile_only``). CPU and GPU
+    backends have no such flags, so the step is lowered (and compiled) here.
+    """
+    run = job.run
+    csx = run.backend == "CSX"
+    backend = _build.build_backend(
+        job, compile_only=csx and not validate_only, validate_only=csx and validate_only
+    )
+    model, loss_fn = _build.build_model(job, backend)
+    if mode == "train":
+        step_fn = _training_step(job, model, loss_fn, _build.build_optimizer(job, model))
+        spec: InputSpec = job.train_input
+        model.train()
+    else:
+        metrics = _build.build_metrics(job)
+        step_fn = _evaluation_step(model, loss_fn, metrics, cs_metrics.MeanMetric("loss"))
+        spec = job.eval_input
+        model.eval()
+    loader = _build.build_loader(spec, num_steps=1)
+    name = step_fn.__name__
+    for batch in DataExecutor(loader, num_steps=1, progress_bar=False):
+        _build.check_batch(batch, spec)
+        if csx:
+            step_fn(*batch)
+        elif validate_only:
+            step_fn.lower(*batch)
+            print(f"[cerebrax] validated `{name}`: traced and lowered, nothing compiled or run.")
+        else:
+            started = time.perf_counter()
+            lowered = step_fn.lower(*batch)
+            compiled = lowered.compile()
+            _write_artifacts(
+                run.compile_dir, name, lowered, compiled, time.perf_counter() - started
+            )
+    if not validate_only:
+        with open(
+            os.path.join(backend.compile_dir if csx else run.compile_dir, f"{name}.memory.txt")
+        ) as f:
+            print(f.read(), end="")

@@ -1,0 +1,134 @@
+"""The ``cerebrax`` command: run a Model-Zoo-style YAML config with the cstorch loop.
+
+    cerebrax fit      CONFIG.yaml [--checkpoint PATH] [--model_dir DIR] [key.path=value ...]
+    cerebrax eval     CONFIG.yaml [--checkpoint PATH] [--model_dir DIR] [key.path=value ...]
+    cerebrax validate CONFIG.yaml [--mode train|eval] [key.path=value ...]
+    cerebrax compile  CONFIG.yaml [--mode train|eval] [key.path=value ...]
+
+``fit`` trains for ``runconfig.num_steps`` steps (the total: a run resumed with
+``--checkpoint`` trains the steps that remain), prints the loss every
+``runconfig.log_steps`` steps and saves ``model_dir/checkpoint_<step>.mdl`` every
+``runconfig.checkpoint_steps`` steps and at the end. ``eval`` evaluates a checkpoint
+(default: the newest in ``model_dir``) and prints the loss and the configured metrics.
+``validate`` traces one step and ``compile`` compiles it (HLO text and memory report in
+``runconfig.compile_dir``); neither runs a step. ``compile_dir`` also holds JAX's
+persistent compilation cache, so a second process skips the XLA compile.
+
+The config (``configs/digits_mlp.yaml`` is an example)::
+
+    model:                          # factory(**other keys) -> nnx.Module, torch module, ...
+      factory: examples.digits:mlp  # 'package.module:name' or 'path/to/file.py:name'
+      loss: cross_entropy           # or 'module:fn', fn(outputs, targets) -> scalar
+      hidden: 128
+    train_input:                    # input_fn(**other keys) -> iterable of (inputs, targets)
+      input_fn: examples.digits:input_fn
+      batch_size: 64
+    eval_input: {input_fn: ..., batch_size: 40, num_steps: 9}  # num_steps: default one pass
+    optimizer:                      # cstorch.optim.configure_optimizer
+      optimizer_type: SGD
+      learning_rate: 0.05           # a number, or a schedule dict / list for
+      momentum: 0.9                 #   cstorch.optim.configure_lr_scheduler
+    loss_scaling: {loss_scale: dynamic}   # cstorch.amp.GradScaler arguments (optional)
+    max_gradient_norm: 5.0          # or max_gradient_value (optional)
+    metrics: [accuracy]             # eval: accuracy, perplexity, fbeta_score, mean_iou, ...
+    runconfig:
+      num_steps: 600                # total training steps
+      checkpoint_steps: 200         # 0: only the last step
+      log_steps: 50
+      model_dir: ./model_dir
+      compile_dir: ./model_dir/compile    # the default
+      backend: CSX                  # CPU | GPU | CSX
+      half_dtype: float16           # cstorch.amp.set_half_dtype (optional)
+      num_csx: 1                    # and any other ClusterConfig field
+
+Exit status: 0 on success, 2 for a usage or config error (one message on stderr), 1
+for any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+COMMANDS = {
+    "fit": "train with the config (resume with --checkpoint)",
+    "eval": "evaluate a checkpoint and print the loss and metrics",
+    "validate": "trace one step without compiling or running it",
+    "compile": "compile one step, write its HLO and memory report, run nothing",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cerebrax",
+        description="Run a YAML config with the Cerebras PyTorch API (cstorch) on JAX.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in COMMANDS.items():
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument("config", metavar="CONFIG.yaml", help="the run's YAML config")
+        if name in ("fit", "eval"):
+            sub.add_argument(
+                "--checkpoint",
+                metavar="PATH",
+                help="checkpoint to resume from (fit) or to evaluate (eval)",
+            )
+        else:
+            sub.add_argument(
+                "--mode",
+                choices=("train", "eval"),
+                default="train",
+                help=f"which step to {name} (default: train)",
+            )
+        sub.add_argument(
+            "--model_dir", "--model-dir", metavar="DIR", help="overrides runconfig.model_dir"
+        )
+        sub.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="key.path=value",
+            help="config overrides, e.g. runconfig.num_steps=100",
+        )
+    return parser
+
+
+def _run(args: argparse.Namespace) -> None:
+    from ._cli import _build, _commands, _config
+
+    raw = _config.load_config(args.config, args.overrides)
+    if args.model_dir:
+        _config.set_value(raw, "runconfig.model_dir", args.model_dir)
+    job = _config.parse(raw)
+    mode = getattr(args, "mode", "train")
+    _config.require(job, args.command, step=mode)
+    _build.add_python_paths(job, args.config)
+    counter = _build.setup_compile_cache(job.run.compile_dir)
+    checkpoint = getattr(args, "checkpoint", None) or job.run.checkpoint_path
+    if args.command == "fit":
+        _commands.run_fit(job, counter, checkpoint)
+    elif args.command == "eval":
+        _commands.run_eval(job, checkpoint)
+    else:
+        _commands.run_compile(job, mode=mode, validate_only=args.command == "validate")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = _parser()
+    # Overrides may come before or after the options: collect the strays here.
+    args, extra = parser.parse_known_args(argv)  # exits with status 2 on a usage error
+    strays = [a for a in extra if a.startswith("-") or "=" not in a]
+    if strays:
+        parser.error(f"unrecognized arguments: {' '.join(strays)}")
+    args.overrides = list(args.overrides) + extra
+    from .errors import ConfigError
+
+    try:
+        _run(args)
+    except ConfigError as e:
+        print(f"cerebrax {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
