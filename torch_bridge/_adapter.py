@@ -1,0 +1,100 @@
+"""``model_adapter(module)``: a torch module behind cerebrax's ``ModelAdapter`` seam."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import jax
+import torch
+
+from cerebrax._compile import ModelAdapter
+from cerebrax.errors import ConfigError
+
+from ._convert import Converted
+
+__all__ = ["TorchModelAdapter", "model_adapter"]
+
+# Words in a forward's source that suggest a random op (checked before any export, when
+# cerebrax asks whether the model needs a PRNG key).
+_RANDOM_CALLS = re.compile(
+    r"\b(dropout\w*|rand|randn|randint|rand_like|randn_like|randint_like|randperm|"
+    r"bernoulli_?|multinomial|normal_?|uniform_|exponential_|geometric_|poisson)\b"
+)
+
+
+def _may_be_random(module: torch.nn.Module) -> bool:
+    """Whether ``module`` may run random ops; errs on the side of True."""
+    nn = torch.nn
+    for m in module.modules():
+        cls = type(m)
+        if cls.__module__.startswith("torch.nn."):
+            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+                return True
+            if isinstance(m, nn.RNNBase) and m.dropout > 0 and m.num_layers > 1:
+                return True
+            if isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
+                return True
+            continue
+        try:
+            source = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            return True
+        if _RANDOM_CALLS.search(source):
+            return True
+    return False
+
+
+class TorchModelAdapter(ModelAdapter):
+    """Runs a torch module in ``cerebrax.compile`` through :class:`Converted`.
+
+    Parameters and buffers keep torch ``state_dict`` names (a tied parameter once, under
+    its first name); the module is exported once per mode (``train`` flag) and input
+    signature, at the first call.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, needs_key: bool | None = None):
+        self.module = module
+        self.converted = Converted(module, train=module.training)
+        self.initially_training = module.training
+        self.needs_key = _may_be_random(module) if needs_key is None else bool(needs_key)
+        self._state_names = list(module.state_dict(keep_vars=True))
+
+    def params(self) -> dict[str, Any]:
+        return self.converted.params
+
+    def buffers(self) -> dict[str, Any]:
+        return self.converted.buffers
+
+    def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *, train: bool,
+              key: jax.Array | None) -> tuple[Any, dict]:
+        program = self.converted.program(args, kwargs, train=train)
+        if program.needs_key and key is None:
+            raise ConfigError(
+                f"The exported {type(self.module).__name__} has random ops "
+                f"({', '.join(str(n.target) for n in program.random_nodes[:3])}) but its "
+                "source did not show them, so no PRNG key was set up. Build the adapter "
+                "with torch_bridge.model_adapter(module, needs_key=True)."
+            )
+        return self.converted.run(params, buffers, args, kwargs, train=train, key=key)
+
+    def parameter_aliases(self) -> dict[int, str]:
+        return {id(p): self.converted.aliases[name]
+                for name, p in self.module.named_parameters(remove_duplicate=False)}
+
+    def state_dict_order(self, params: list[str], buffers: list[str]) -> list[str]:
+        stored = set(params) | set(buffers)
+        return [name for name in self._state_names if name in stored]
+
+
+def model_adapter(module: torch.nn.Module, *, needs_key: bool | None = None
+                  ) -> TorchModelAdapter:
+    """The ``cerebrax.ModelAdapter`` for a torch module (used by ``cstorch.compile``).
+
+    Args:
+      module: the torch module; it is not modified.
+      needs_key: whether the model needs a PRNG key per call; None guesses from the
+        module's dropout layers and the source of its ``forward`` methods.
+    """
+    return TorchModelAdapter(module, needs_key=needs_key)

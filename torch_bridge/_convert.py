@@ -1,0 +1,210 @@
+"""``convert(module)``: a torch ``nn.Module`` as named JAX state and a pure function."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from . import ops as _ops  # noqa: F401  (registers the built-in lowerings)
+from ._dtypes import export_dtype, is_array, jax_dtype, to_jax
+from ._export import export_program
+from ._program import Program
+
+__all__ = ["Converted", "convert"]
+
+
+def _named_state(
+    named: list[tuple[str, torch.Tensor]],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors by their first name, and every name -> that first name (tied tensors)."""
+    first: dict[int, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    canonical: dict[str, str] = {}
+    for name, t in named:
+        owner = first.setdefault(id(t), name)
+        canonical[name] = owner
+        if owner == name:
+            tensors[name] = t
+    return tensors, canonical
+
+
+_ARRAY = object()  # stands for an array leaf in a call's template
+
+
+def _leaf_signature(x: Any) -> Any:
+    if is_array(x):
+        if isinstance(x, torch.Tensor):
+            dtype = jax_dtype(x.dtype)
+        else:
+            dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+        return ("array", tuple(int(d) for d in x.shape), str(np.dtype(dtype)))
+    try:
+        hash(x)
+    except TypeError:
+        return ("value", type(x).__name__, repr(x))
+    return ("value", type(x).__name__, x)
+
+
+class Converted:
+    """A torch module converted to JAX: named state and a pure apply function.
+
+    Attributes:
+      module: the original torch module (left unchanged).
+      train: the mode ``apply`` and calls run in (torch's ``module.training``).
+      params: parameters by torch ``state_dict`` name; a tied parameter is stored once,
+        under its first name (see ``aliases``).
+      buffers: buffers by name (BatchNorm statistics, ...), non-persistent ones included.
+        ``int64`` buffers are ``int32`` unless JAX's x64 mode is on.
+      aliases: every state-dict name -> the name its value is stored under
+        (``{"lm_head.weight": "wte.weight", "wte.weight": "wte.weight", ...}``).
+    """
+
+    def __init__(self, module: torch.nn.Module, *, train: bool = False):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"convert() takes a torch.nn.Module, got {type(module).__name__}.")
+        self.module = module
+        self.train = bool(train)
+        p, p_names = _named_state(list(module.named_parameters(remove_duplicate=False)))
+        b, b_names = _named_state(list(module.named_buffers(remove_duplicate=False)))
+        self.aliases = {**p_names, **b_names}
+        self.params = {name: to_jax(t) for name, t in p.items()}
+        self.buffers = {name: to_jax(t) for name, t in b.items()}
+        floats = [t.dtype for t in (*p.values(), *b.values()) if t.is_floating_point()]
+        self._float_dtype = floats[0] if floats else None
+        self._programs: dict[Any, Program] = {}
+        self._calls: dict[Any, Callable] = {}
+        self._key = jax.random.key(0)
+
+    # ---- exporting ---------------------------------------------------------------
+    def program(self, args: tuple, kwargs: dict | None = None, *, train: bool | None = None
+                ) -> Program:
+        """The exported graph for inputs like these (exported at the first use, cached)."""
+        train = self.train if train is None else bool(train)
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+        signature = (train, spec, tuple(_leaf_signature(x) for x in leaves))
+        program = self._programs.get(signature)
+        if program is None:
+            examples = [self._example(x) for x in leaves]
+            targs, tkwargs = pytree.tree_unflatten(examples, spec)
+            exported = export_program(self.module, targs, tkwargs, train=train)
+            program = Program(exported, self.aliases)
+            self._programs[signature] = program
+        return program
+
+    def _example(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor) or not is_array(x):
+            return x
+        dtype = export_dtype(x.dtype)
+        if dtype.is_floating_point and self._float_dtype is not None:
+            dtype = self._float_dtype
+        return torch.zeros(tuple(x.shape), dtype=dtype)
+
+    @property
+    def programs(self) -> list[Program]:
+        """The graphs exported so far (one per mode and input signature)."""
+        return list(self._programs.values())
+
+    # ---- running ------------------------------------------------------------------
+    def run(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
+            train: bool | None = None, key: jax.Array | None = None) -> tuple[Any, dict]:
+        """``apply`` with the inputs as a tuple and a dict, in either mode."""
+        program = self.program(args, kwargs, train=train)
+        leaves, _ = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        inputs = [to_jax(x) if is_array(x) else x for x in leaves]
+        outs, mutated = program.run(params, buffers, inputs, key)
+        new_buffers = dict(buffers)
+        for name, value in mutated.items():
+            old = buffers.get(name)
+            new_buffers[name] = value if old is None else value.astype(old.dtype)
+        return pytree.tree_unflatten(outs, program.out_spec), new_buffers
+
+    def apply(self, params: dict, buffers: dict, *inputs: Any, key: jax.Array | None = None,
+              **kwinputs: Any) -> tuple[Any, dict]:
+        """Runs the module as a pure function: ``(outputs, new_buffers)``.
+
+        Args:
+          params: like ``self.params`` (the same names; arrays or tracers).
+          buffers: like ``self.buffers``.
+          *inputs: the module's positional inputs (JAX, numpy or torch arrays).
+          key: a ``jax.random`` key; required when the graph has random ops (dropout in
+            train mode, ``torch.rand``, ...). Each random op gets its own split of it.
+          **kwinputs: the module's keyword inputs.
+
+        Returns:
+          The module's outputs (same structure as torch's) and every buffer after the
+          call (BatchNorm running statistics updated in train mode, exactly as torch).
+        """
+        return self.run(params, buffers, inputs, kwinputs, train=self.train, key=key)
+
+    def __call__(self, *inputs: Any, **kwinputs: Any) -> Any:
+        """Runs on this object's own params and buffers (jitted per input signature).
+
+        Buffers updated by a train-mode call are kept, as a torch module would. Random
+        ops draw from this object's own key, split on every Python call: inside a traced
+        step that is one fixed key, so give models with random ops to
+        ``cerebrax.compile`` (or call ``apply`` with a key) instead.
+        """
+        leaves, spec = pytree.tree_flatten((inputs, kwinputs))
+        signature = (self.train, spec, tuple(_leaf_signature(x) for x in leaves))
+        program = self.program(inputs, kwinputs)
+        key = None
+        if program.needs_key:
+            self._key, key = jax.random.split(self._key)
+        fn = self._calls.get(signature)
+        if fn is None:
+            template = [_ARRAY if is_array(x) else x for x in leaves]
+            fn = self._calls[signature] = jax.jit(functools.partial(self._call, spec, template))
+        arrays = [to_jax(x) for x in leaves if is_array(x)]
+        out, new_buffers = fn(self.params, self.buffers, arrays, key)
+        if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(new_buffers)):
+            self.buffers = new_buffers
+        return out
+
+    def _call(self, spec, template, params, buffers, arrays, key):
+        it = iter(arrays)
+        leaves = [next(it) if x is _ARRAY else x for x in template]
+        args, kwargs = pytree.tree_unflatten(leaves, spec)
+        return self.run(params, buffers, args, kwargs, key=key)
+
+    def __repr__(self) -> str:
+        n = sum(int(np.prod(v.shape)) for v in self.params.values())
+        mode = "train" if self.train else "eval"
+        return (f"Converted({type(self.module).__name__}, {len(self.params)} parameters, "
+                f"{n:,} values, {len(self.buffers)} buffers, {mode} mode)")
+
+
+def convert(module: torch.nn.Module, example_inputs: Any = None, train: bool = False,
+            ) -> Converted:
+    """Converts a torch module to named JAX state and a pure function.
+
+    The module is exported with ``torch.export`` and decomposed to core ATen; every ATen
+    op is lowered by the registry (see :func:`torch_bridge.lowering`). One export is
+    kept per mode and input signature; without ``example_inputs`` the first call exports.
+
+    Args:
+      module: any ``torch.nn.Module``, parameter-free ones (losses) included.
+      example_inputs: a tensor or a tuple of positional inputs to export with now
+        (useful to surface unsupported ops early), or None.
+      train: run in train mode (dropout active, BatchNorm batch statistics and
+        running-statistic updates) or eval mode.
+
+    Returns:
+      A :class:`Converted`: ``.params``, ``.buffers``, pure ``.apply(params, buffers,
+      *inputs, key=None) -> (outputs, new_buffers)``, and callable on inputs itself.
+
+    Example:
+      >>> loss_fn = convert(torch.nn.CrossEntropyLoss())
+      >>> loss = loss_fn(logits, labels)  # JAX arrays in, JAX array out
+    """
+    converted = Converted(module, train=train)
+    if example_inputs is not None:
+        if not isinstance(example_inputs, tuple):
+            example_inputs = (example_inputs,)
+        converted.program(example_inputs)
+    return converted

@@ -1,0 +1,213 @@
+"""Runs one exported ATen graph on JAX arrays, node by node, through the op registry.
+
+The walk happens once per trace: under ``jax.jit`` the Python loop disappears and only
+the JAX operations the lowerings emit remain.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.node import map_arg
+
+from cerebrax.errors import UnsupportedOpError
+
+from . import _registry
+from ._dtypes import jax_dtype, to_jax
+
+__all__ = ["Program"]
+
+# Python functions that may appear in an exported graph (shape arithmetic, tuple access).
+_PYTHON_OPS = {
+    operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
+    operator.truediv, operator.mod, operator.neg, operator.pow, operator.eq, operator.ne,
+    operator.lt, operator.le, operator.gt, operator.ge, math.ceil, math.floor, math.sqrt,
+    max, min, abs,
+}
+
+MSG_UNSUPPORTED = """\
+torch_bridge has no JAX lowering for {ops}.
+{uses}
+Register a lowering before converting the module. It receives the op's arguments with
+every tensor as a JAX array (the others as torch passes them) and returns what the op
+returns:
+
+    import torch
+    from torch_bridge import lowering
+
+    @lowering(torch.ops.{first})
+    def my_lowering(*args, **kwargs):
+        ...  # JAX code; return a jax.Array, or a tuple if the op returns several
+
+Pass random=True to lowering() if the op is random: the function then receives a
+jax.random key as its first argument."""
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """The path of the innermost module that produced ``node`` (``"blocks.0.fc1"``)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "<the module's own forward>"
+    path, cls = list(stack.values())[-1]
+    cls_name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+    return f"{path or '<root module>'!r} ({cls_name})"
+
+
+def _unsupported_error(nodes: list[torch.fx.Node]) -> UnsupportedOpError:
+    ops = list(dict.fromkeys(str(n.target) for n in nodes))
+    uses = "\n".join(f"  - {n.target} in module {module_path(n)}" for n in nodes)
+    return UnsupportedOpError(
+        MSG_UNSUPPORTED.format(ops=", ".join(ops), uses="Used by:\n" + uses, first=ops[0])
+    )
+
+
+def _is_supported(target: Any) -> bool:
+    return _registry.lookup(target) is not None or target in _PYTHON_OPS
+
+
+class Program:
+    """One exported graph (one mode, one input signature) ready to run on JAX arrays.
+
+    Args:
+      exported: the decomposed ``ExportedProgram``.
+      canonical: state-dict name -> the name the value is stored under (tied weights).
+    """
+
+    def __init__(self, exported: torch.export.ExportedProgram, canonical: dict[str, str]):
+        graph = exported.graph_module.graph
+        self.in_spec = exported.call_spec.in_spec
+        self.out_spec = exported.call_spec.out_spec
+        by_name = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+        self._inputs: list[tuple[torch.fx.Node, str, Any]] = []
+        n_user = 0
+        for spec in exported.graph_signature.input_specs:
+            node = by_name[spec.arg.name]
+            if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                kind = "param" if spec.kind == InputKind.PARAMETER else "buffer"
+                self._inputs.append((node, kind, canonical.get(spec.target, spec.target)))
+            elif spec.kind == InputKind.CONSTANT_TENSOR:
+                self._inputs.append((node, "const", to_jax(exported.constants[spec.target])))
+            elif spec.kind == InputKind.USER_INPUT:
+                self._inputs.append((node, "input", n_user))
+                n_user += 1
+            else:
+                raise UnsupportedOpError(
+                    f"torch_bridge cannot run an exported graph with a {spec.kind.name} "
+                    f"input ({spec.arg.name!r}); only parameters, buffers, constant tensors "
+                    "and user inputs are supported."
+                )
+        self.num_user_inputs = n_user
+        self._outputs = [
+            (spec.kind, canonical.get(spec.target, spec.target))
+            for spec in exported.graph_signature.output_specs
+        ]
+        self.nodes = [n for n in graph.nodes if n.op == "call_function"]
+        others = [n for n in graph.nodes if n.op in ("get_attr", "call_module", "call_method")]
+        missing = [n for n in self.nodes if not _is_supported(n.target)] + others
+        if missing:
+            raise _unsupported_error(missing)
+        self._output_node = next(n for n in graph.nodes if n.op == "output")
+        self.random_nodes = [
+            n for n in self.nodes
+            if (e := _registry.lookup(n.target)) is not None
+            and _registry.is_random(e, n.args, n.kwargs)
+        ]
+        self._random_index = {n: i for i, n in enumerate(self.random_nodes)}
+        self.ops = sorted({str(n.target) for n in self.nodes})
+
+    @property
+    def needs_key(self) -> bool:
+        return bool(self.random_nodes)
+
+    def run(
+        self, params: dict, buffers: dict, inputs: list, key: jax.Array | None
+    ) -> tuple[list, dict[str, Any]]:
+        """Runs the graph. Returns (flat user outputs, {buffer name: new value})."""
+        env: dict[torch.fx.Node, Any] = {}
+        for node, kind, ref in self._inputs:
+            if kind == "param":
+                env[node] = params[ref]
+            elif kind == "buffer":
+                env[node] = buffers[ref]
+            elif kind == "const":
+                env[node] = ref
+            else:
+                env[node] = inputs[ref]
+        keys = None
+        if self.random_nodes:
+            if key is None:
+                raise _missing_key_error(self.random_nodes)
+            keys = jax.random.split(key, len(self.random_nodes))
+        for node in self.nodes:
+            args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
+            entry = _registry.lookup(node.target)
+            if entry is None:  # a Python function (shape arithmetic, getitem)
+                env[node] = node.target(*args, **kwargs)
+                continue
+            if entry.random:  # random-capable: a key, or None where this call is not random
+                i = self._random_index.get(node)
+                args = (None if i is None else keys[i], *args)
+            try:
+                out = entry.fn(*args, **kwargs)
+            except Exception as e:
+                e.add_note(f"(torch_bridge: while lowering {node.target} in module "
+                           f"{module_path(node)})")
+                raise
+            env[node] = _conform(out, node.meta.get("val"), node)
+        results = map_arg(self._output_node.args[0], env.__getitem__)
+        user, mutated = [], {}
+        for (kind, target), value in zip(self._outputs, results):
+            if kind == OutputKind.USER_OUTPUT:
+                user.append(value)
+            elif kind == OutputKind.BUFFER_MUTATION:
+                mutated[target] = value
+            # USER_INPUT_MUTATION: JAX arrays are immutable; the caller keeps its input.
+        return user, mutated
+
+
+def _missing_key_error(nodes: list[torch.fx.Node]):
+    from cerebrax.errors import ConfigError
+
+    uses = ", ".join(f"{n.target} in {module_path(n)}" for n in nodes[:3])
+    return ConfigError(
+        f"This graph has random ops ({uses}) and needs a PRNG key: call "
+        "apply(params, buffers, *inputs, key=jax.random.key(seed)) with a fresh key per step."
+    )
+
+
+def _conform(value: Any, meta: Any, node: torch.fx.Node) -> Any:
+    """Gives a lowering's result torch's dtype category and checks its shape.
+
+    Within floating types the lowering's dtype is kept (mixed precision runs a float32
+    export on float16 values); across categories (bool, int, float) torch's wins.
+    """
+    if isinstance(meta, torch.Tensor):
+        return _conform_array(value, meta, node)
+    if isinstance(meta, (tuple, list)) and isinstance(value, (tuple, list)):
+        return type(value)(_conform(v, m, node) for v, m in zip(value, meta))
+    return value
+
+
+def _conform_array(value: Any, meta: torch.Tensor, node: torch.fx.Node) -> jax.Array:
+    target = jax_dtype(meta.dtype)
+    if not hasattr(value, "dtype"):
+        value = jnp.asarray(value, dtype=target)
+    if value.dtype != target:
+        same_kind = (jnp.issubdtype(value.dtype, jnp.floating)
+                     and jnp.issubdtype(target, jnp.floating))
+        if not same_kind:
+            value = value.astype(target)
+    expected = tuple(int(d) for d in meta.shape)
+    if tuple(value.shape) != expected:
+        raise AssertionError(
+            f"torch_bridge: the lowering of {node.target} (module {module_path(node)}) "
+            f"returned shape {tuple(value.shape)}, torch gives {expected}. This is a bug "
+            "in the lowering."
+        )
+    return value

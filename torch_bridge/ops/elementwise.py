@@ -1,0 +1,401 @@
+"""Elementwise lowerings: arithmetic, comparisons, math functions, activations."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .._registry import lowering
+from ._util import maybe_cast
+
+aten = torch.ops.aten
+
+
+def _is_int(x) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return True
+    return hasattr(x, "dtype") and (
+        jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+    )
+
+
+# ---- arithmetic ----------------------------------------------------------------------
+@lowering(aten.add.Tensor, aten.add.Scalar)
+def add(x, y, alpha=1):
+    return x + y if alpha == 1 else x + alpha * y
+
+
+@lowering(aten.sub.Tensor, aten.sub.Scalar)
+def sub(x, y, alpha=1):
+    return x - y if alpha == 1 else x - alpha * y
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(x, y, alpha=1):
+    return y - x if alpha == 1 else y - alpha * x
+
+
+@lowering(aten.mul.Tensor, aten.mul.Scalar)
+def mul(x, y):
+    return x * y
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+def div(x, y):
+    return jnp.true_divide(x, y)
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(x, y, rounding_mode=None):
+    if rounding_mode is None:
+        return jnp.true_divide(x, y)
+    if rounding_mode == "floor":
+        return jnp.floor_divide(x, y)
+    if _is_int(x) and _is_int(y):
+        q = jnp.floor_divide(x, y)
+        # floor -> trunc: step towards zero where the signs differ and there is a remainder
+        return jnp.where((jnp.remainder(x, y) != 0) & ((x < 0) != (y < 0)), q + 1, q)
+    return jnp.trunc(jnp.true_divide(x, y))
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(x, y):
+    return jnp.floor_divide(x, y)
+
+
+@lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(x, y):
+    return jnp.remainder(x, y)
+
+
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(x, y):
+    return jnp.fmod(x, y)
+
+
+@lowering(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def pow_(x, y):
+    if isinstance(y, (int, float)) and not isinstance(y, bool):
+        if y == 2:
+            return x * x
+        if y == 0.5:
+            return jnp.sqrt(x)
+        if float(y).is_integer() and _is_int(x):
+            return lax.integer_pow(x, int(y)) if y >= 0 else jnp.power(x, y)
+    return jnp.power(x, y)
+
+
+@lowering(aten.maximum.default)
+def maximum(x, y):
+    return jnp.maximum(x, y)
+
+
+@lowering(aten.minimum.default)
+def minimum(x, y):
+    return jnp.minimum(x, y)
+
+
+@lowering(aten.fmax.default)
+def fmax(x, y):
+    return jnp.fmax(x, y)
+
+
+@lowering(aten.fmin.default)
+def fmin(x, y):
+    return jnp.fmin(x, y)
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor)
+def clamp(x, min=None, max=None):  # noqa: A002
+    if min is not None:
+        x = jnp.maximum(x, min)
+    if max is not None:
+        x = jnp.minimum(x, max)
+    return x
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def clamp_min(x, min):  # noqa: A002
+    return jnp.maximum(x, min)
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def clamp_max(x, max):  # noqa: A002
+    return jnp.minimum(x, max)
+
+
+@lowering(aten.atan2.default)
+def atan2(x, y):
+    return jnp.arctan2(x, y)
+
+
+@lowering(aten.hypot.default)
+def hypot(x, y):
+    return jnp.hypot(x, y)
+
+
+@lowering(aten.copysign.Tensor, aten.copysign.Scalar)
+def copysign(x, y):
+    return jnp.copysign(x, y)
+
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(x, end, weight):
+    return x + weight * (end - x)
+
+
+@lowering(aten.addcmul.default)
+def addcmul(x, t1, t2, value=1):
+    return x + value * t1 * t2
+
+
+@lowering(aten.addcdiv.default)
+def addcdiv(x, t1, t2, value=1):
+    return x + value * t1 / t2
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(cond, x, y):
+    return jnp.where(cond, x, y)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    return jnp.where(mask, jnp.asarray(value, dtype=x.dtype), x)
+
+
+@lowering(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    return jnp.nan_to_num(x, nan=0.0 if nan is None else nan, posinf=posinf, neginf=neginf)
+
+
+# ---- comparisons and logic -----------------------------------------------------------
+def _binary(jfn):
+    def fn(x, y):
+        return jfn(x, y)
+    fn.__name__ = jfn.__name__
+    return fn
+
+
+for _ops, _fn in [
+    ((aten.eq.Tensor, aten.eq.Scalar), jnp.equal),
+    ((aten.ne.Tensor, aten.ne.Scalar), jnp.not_equal),
+    ((aten.lt.Tensor, aten.lt.Scalar), jnp.less),
+    ((aten.le.Tensor, aten.le.Scalar), jnp.less_equal),
+    ((aten.gt.Tensor, aten.gt.Scalar), jnp.greater),
+    ((aten.ge.Tensor, aten.ge.Scalar), jnp.greater_equal),
+    ((aten.logical_and.default,), jnp.logical_and),
+    ((aten.logical_or.default,), jnp.logical_or),
+    ((aten.logical_xor.default,), jnp.logical_xor),
+    ((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), jnp.bitwise_and),
+    ((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), jnp.bitwise_or),
+    ((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), jnp.bitwise_xor),
+    ((aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar), jnp.left_shift),
+    ((aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar),
+     jnp.right_shift),
+]:
+    lowering(*_ops)(_binary(_fn))
+
+
+@lowering(aten.logical_not.default)
+def logical_not(x):
+    return jnp.logical_not(x)
+
+
+@lowering(aten.bitwise_not.default)
+def bitwise_not(x):
+    return jnp.logical_not(x) if x.dtype == jnp.bool_ else jnp.bitwise_not(x)
+
+
+@lowering(aten.isnan.default)
+def isnan(x):
+    return jnp.isnan(x)
+
+
+@lowering(aten.isinf.default)
+def isinf(x):
+    return jnp.isinf(x)
+
+
+@lowering(aten.isfinite.default)
+def isfinite(x):
+    return jnp.isfinite(x)
+
+
+@lowering(aten.isposinf.default)
+def isposinf(x):
+    return jnp.isposinf(x)
+
+
+@lowering(aten.isneginf.default)
+def isneginf(x):
+    return jnp.isneginf(x)
+
+
+# ---- unary math ----------------------------------------------------------------------
+def _float(x):
+    """Integer inputs of floating functions compute in float32, as torch does."""
+    return x.astype(jnp.float32) if _is_int(x) else x
+
+
+def _unary(jfn, *, floating=True):
+    def fn(x):
+        return jfn(_float(x) if floating else x)
+    fn.__name__ = getattr(jfn, "__name__", "unary")
+    return fn
+
+
+for _op, _fn in [
+    (aten.exp.default, jnp.exp), (aten.exp2.default, jnp.exp2),
+    (aten.expm1.default, jnp.expm1), (aten.log.default, jnp.log),
+    (aten.log1p.default, jnp.log1p), (aten.log2.default, jnp.log2),
+    (aten.log10.default, jnp.log10), (aten.sqrt.default, jnp.sqrt),
+    (aten.rsqrt.default, lax.rsqrt), (aten.sin.default, jnp.sin),
+    (aten.cos.default, jnp.cos), (aten.tan.default, jnp.tan),
+    (aten.asin.default, jnp.arcsin), (aten.acos.default, jnp.arccos),
+    (aten.atan.default, jnp.arctan), (aten.sinh.default, jnp.sinh),
+    (aten.cosh.default, jnp.cosh), (aten.tanh.default, jnp.tanh),
+    (aten.asinh.default, jnp.arcsinh), (aten.acosh.default, jnp.arccosh),
+    (aten.atanh.default, jnp.arctanh), (aten.erf.default, jax.scipy.special.erf),
+    (aten.erfc.default, jax.scipy.special.erfc),
+    (aten.erfinv.default, jax.scipy.special.erfinv),
+    (aten.sigmoid.default, jax.nn.sigmoid),
+    (aten.reciprocal.default, jnp.reciprocal),
+    (aten.lgamma.default, jax.scipy.special.gammaln),
+    (aten.digamma.default, jax.scipy.special.digamma),
+    (aten.i0.default, jax.scipy.special.i0),
+]:
+    lowering(_op)(_unary(_fn))
+
+for _op, _fn in [
+    (aten.abs.default, jnp.abs), (aten.neg.default, jnp.negative),
+    (aten.sign.default, jnp.sign), (aten.sgn.default, jnp.sign),
+]:
+    lowering(_op)(_unary(_fn, floating=False))
+
+
+def _rounding(jfn):
+    def fn(x):
+        return x if _is_int(x) else jfn(x)
+    fn.__name__ = jfn.__name__
+    return fn
+
+
+for _op, _fn in [
+    (aten.floor.default, jnp.floor), (aten.ceil.default, jnp.ceil),
+    (aten.round.default, jnp.round), (aten.trunc.default, jnp.trunc),
+]:
+    lowering(_op)(_rounding(_fn))
+
+
+@lowering(aten.round.decimals)
+def round_decimals(x, decimals=0):
+    scale = 10.0 ** decimals
+    return jnp.round(x * scale) / scale
+
+
+@lowering(aten.frac.default)
+def frac(x):
+    return x - jnp.trunc(x)
+
+
+@lowering(aten.square.default)
+def square(x):
+    return x * x
+
+
+@lowering(aten.logit.default)
+def logit(x, eps=None):
+    if eps is not None:
+        x = jnp.clip(x, eps, 1.0 - eps)
+    return jnp.log(x / (1.0 - x))
+
+
+# ---- activations ---------------------------------------------------------------------
+@lowering(aten.relu.default)
+def relu(x):
+    return jnp.maximum(x, jnp.zeros((), x.dtype))
+
+
+@lowering(aten.gelu.default)
+def gelu(x, approximate="none"):
+    if approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + jnp.tanh(inner))
+    return 0.5 * x * (1.0 + jax.scipy.special.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+@lowering(aten.silu.default)
+def silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+@lowering(aten.mish.default)
+def mish(x):
+    return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@lowering(aten.hardtanh.default)
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    return jnp.clip(x, min_val, max_val)
+
+
+@lowering(aten.hardsigmoid.default)
+def hardsigmoid(x):
+    return jnp.clip(x / 6.0 + 0.5, 0.0, 1.0)
+
+
+@lowering(aten.hardswish.default)
+def hardswish(x):
+    return x * jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@lowering(aten.leaky_relu.default)
+def leaky_relu(x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@lowering(aten.elu.default)
+def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    return scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))
+
+
+@lowering(aten.softplus.default)
+def softplus(x, beta=1.0, threshold=20.0):
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(jnp.minimum(bx, threshold))) / beta)
+
+
+@lowering(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(x):
+    return jax.nn.log_sigmoid(x), jnp.zeros((0,), x.dtype)
+
+
+@lowering(aten.prelu.default, aten._prelu_kernel.default)
+def prelu(x, weight):
+    if weight.size > 1 and x.ndim > 1:
+        weight = weight.reshape((-1,) + (1,) * (x.ndim - 2))
+    return jnp.where(x > 0, x, weight * x)
+
+
+@lowering(aten.threshold.default)
+def threshold(x, threshold, value):
+    return jnp.where(x > threshold, x, value)
+
+
+@lowering(aten._softmax.default)
+def softmax(x, dim, half_to_float=False):
+    x = maybe_cast(x, torch.float32) if half_to_float else x
+    return jax.nn.softmax(x, axis=dim)
+
+
+@lowering(aten._log_softmax.default)
+def log_softmax(x, dim, half_to_float=False):
+    x = maybe_cast(x, torch.float32) if half_to_float else x
+    return jax.nn.log_softmax(x, axis=dim)

@@ -1,0 +1,216 @@
+"""Indexing: index, index_put, gather, scatter, embedding, index_select."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from cerebrax.errors import UnsupportedOpError
+
+from .._registry import lowering
+from ._util import axis
+
+aten = torch.ops.aten
+
+
+def _index_tuple(indices) -> tuple:
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+@lowering(aten.index.Tensor)
+def index(x, indices):
+    if any(i is not None and i.dtype == jnp.bool_ for i in indices):
+        raise UnsupportedOpError(
+            "aten.index.Tensor with a boolean mask has a data-dependent shape, which a "
+            "static JAX graph cannot express. Use torch.where(mask, x, other) instead."
+        )
+    return x[_index_tuple(indices)]
+
+
+@lowering(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    values = values.astype(x.dtype)
+    masks = [i for i in indices if i is not None and i.dtype == jnp.bool_]
+    if masks:
+        if len(indices) != 1 or values.size != 1:
+            raise UnsupportedOpError(
+                "aten.index_put with a boolean mask is supported for `x[mask] = scalar` "
+                "only (a mask over leading dims and one value); use torch.where instead."
+            )
+        mask = indices[0].reshape(indices[0].shape + (1,) * (x.ndim - indices[0].ndim))
+        v = values.reshape(())
+        return jnp.where(mask, x + v if accumulate else v, x)
+    idx = _index_tuple(indices)
+    return x.at[idx].add(values) if accumulate else x.at[idx].set(values)
+
+
+@lowering(aten._unsafe_index.Tensor)
+def unsafe_index(x, indices):
+    return x[_index_tuple(indices)]
+
+
+@lowering(aten.index_select.default)
+def index_select(x, dim, index):
+    return jnp.take(x, index, axis=axis(dim, x.ndim), mode="clip")
+
+
+@lowering(aten.index_add.default)
+def index_add(x, dim, index, source, alpha=1):
+    a = axis(dim, x.ndim)
+    idx = (slice(None),) * a + (index,)
+    return x.at[idx].add((alpha * source).astype(x.dtype))
+
+
+@lowering(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    a = axis(dim, x.ndim)
+    return x.at[(slice(None),) * a + (index,)].set(source.astype(x.dtype))
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    a = axis(dim, x.ndim)
+    return x.at[(slice(None),) * a + (index,)].set(jnp.asarray(value, x.dtype))
+
+
+def _crop_to(x, shape, skip: int):
+    """``x`` cut down to ``shape`` in every axis but ``skip`` (torch lets gather /
+    scatter indices be smaller than the tensor there)."""
+    if all(x.shape[d] == shape[d] for d in range(x.ndim) if d != skip):
+        return x
+    limits = [x.shape[d] if d == skip else shape[d] for d in range(x.ndim)]
+    return lax.slice(x, (0,) * x.ndim, limits)
+
+
+@lowering(aten.gather.default)
+def gather(x, dim, index, *, sparse_grad=False):
+    if x.ndim == 0:
+        return x.reshape(index.shape)
+    a = axis(dim, x.ndim)
+    x = _crop_to(x, index.shape, a)
+    return jnp.take_along_axis(x, index, axis=a, mode="promise_in_bounds")
+
+
+def _scatter_index(index, a: int) -> tuple:
+    grids = jnp.meshgrid(*[jnp.arange(n) for n in index.shape], indexing="ij", sparse=True)
+    return tuple(index if d == a else grids[d] for d in range(index.ndim))
+
+
+def _scatter(x, dim, index, src, reduce: str | None, include_self: bool = True):
+    if x.ndim == 0:
+        x, index = x.reshape(1), index.reshape(1)
+        src = jnp.asarray(src).reshape(1) if jnp.ndim(src) else src
+        return _scatter(x, 0, index, src, reduce, include_self).reshape(())
+    a = axis(dim, x.ndim)
+    if jnp.ndim(src):
+        src = _crop_to(src, index.shape, -1)
+    src = jnp.broadcast_to(jnp.asarray(src, x.dtype), index.shape)
+    idx = _scatter_index(index, a)
+    ref = x.at[idx]
+    if reduce in (None, "none"):
+        return ref.set(src)
+    if reduce in ("sum", "add"):
+        base = x if include_self else x.at[idx].set(0)
+        return base.at[idx].add(src)
+    if reduce in ("prod", "multiply"):
+        base = x if include_self else x.at[idx].set(1)
+        return base.at[idx].multiply(src)
+    if reduce in ("amax", "amin"):
+        fill = jnp.finfo(x.dtype).min if reduce == "amax" else jnp.finfo(x.dtype).max
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            info = jnp.iinfo(x.dtype)
+            fill = info.min if reduce == "amax" else info.max
+        base = x if include_self else x.at[idx].set(fill)
+        return base.at[idx].max(src) if reduce == "amax" else base.at[idx].min(src)
+    if reduce == "mean":
+        base = x if include_self else x.at[idx].set(0)
+        total = base.at[idx].add(src)
+        count = jnp.ones_like(x) if include_self else jnp.zeros_like(x)
+        count = count.at[idx].add(jnp.ones_like(src))
+        out = total / jnp.maximum(count, 1)
+        return out.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else out
+    raise UnsupportedOpError(f"scatter with reduce={reduce!r} has no lowering.")
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src, None)
+
+
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, *, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowering(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "sum")
+
+
+@lowering(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
+    return _scatter(x, dim, index, src, reduce, include_self)
+
+
+@lowering(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    if scale_grad_by_freq:
+        raise UnsupportedOpError(
+            "aten.embedding with scale_grad_by_freq=True has no lowering "
+            "(nn.Embedding(..., scale_grad_by_freq=False) is supported)."
+        )
+    out = weight[indices]
+    if padding_idx is not None and padding_idx >= 0:
+        # torch gives the padding row no gradient.
+        pad = (indices == padding_idx)[..., None]
+        out = jnp.where(pad, lax.stop_gradient(out), out)
+    return out
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    mask = jnp.broadcast_to(mask, x.shape)
+    flat_mask = mask.reshape(-1)
+    positions = jnp.cumsum(flat_mask) - 1
+    picked = jnp.take(source.reshape(-1), jnp.clip(positions, 0, source.size - 1))
+    return jnp.where(flat_mask, picked, x.reshape(-1)).reshape(x.shape)
+
+
+@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """Bags of embeddings reduced by sum (mode 0), mean (1) or max (2).
+
+    Returns torch's four outputs: the bags, each index's bag (empty in sum mode without
+    padding_idx), the bag sizes (zeros in sum mode) and, in max mode, the row that gave
+    each maximum.
+    """
+    if scale_grad_by_freq:
+        raise UnsupportedOpError("embedding_bag with scale_grad_by_freq=True has no lowering.")
+    n = indices.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    seg = jnp.clip(jnp.searchsorted(offsets, jnp.arange(n), side="right") - 1, 0, bags - 1)
+    padded = padding_idx is not None and padding_idx >= 0
+    valid = indices != padding_idx if padded else jnp.ones((n,), jnp.bool_)
+    rows = weight[indices]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None]
+    counts = jax.ops.segment_sum(valid.astype(jnp.int32), seg, bags)
+    zeros = jnp.zeros((bags,), jnp.int32)
+    if mode == 0:
+        out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), seg, bags)
+        return out, seg if padded else jnp.zeros((0,), jnp.int32), zeros, zeros
+    if mode == 1:
+        total = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), seg, bags)
+        out = total / jnp.maximum(counts, 1)[:, None].astype(total.dtype)
+        return out, seg, counts, counts
+    lowest = jnp.asarray(-jnp.inf, rows.dtype)
+    best = jax.ops.segment_max(jnp.where(valid[:, None], rows, lowest), seg, bags)
+    empty = (counts == 0)[:, None]
+    out = jnp.where(empty, jnp.zeros((), rows.dtype), best)
+    is_best = valid[:, None] & (rows == lax.stop_gradient(best)[seg])
+    first = jax.ops.segment_min(jnp.where(is_best, jnp.arange(n)[:, None], n), seg, bags)
+    max_indices = jnp.where(empty, 0, indices[jnp.clip(first, 0, n - 1)])
+    return out, seg, counts, max_indices
