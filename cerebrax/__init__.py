@@ -15,6 +15,7 @@ from . import errors as errors
 from . import metrics as metrics
 from . import optim as optim
 from . import schedules as schedules
+from . import summaries as summaries
 from . import utils as utils
 from ._closures import checkpoint_closure as checkpoint_closure
 from ._closures import step_closure as step_closure
@@ -40,8 +41,11 @@ from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import RecompileError as RecompileError
 from .errors import StateError as StateError
+from .errors import SummaryError as SummaryError
 from .errors import TensorReadError as TensorReadError
 from .errors import UnsupportedOpError as UnsupportedOpError
+from .summaries import summarize_scalar as summarize_scalar
+from .summaries import summarize_tensor as summarize_tensor
 from .trace import DeferredValue as DeferredValue
 from .trace import TracedStep as TracedStep
 from .trace import backward as backward

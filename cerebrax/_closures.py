@@ -47,7 +47,7 @@ class _Entry:
     fn: Callable[..., Any]
     args: tuple
     kwargs: dict
-    kind: str  # "step" or "checkpoint"
+    kind: str  # "step", "checkpoint" or "summary" (cerebrax.summaries)
     mark: int  # the queue's dispatch count when the values were produced
 
 
@@ -78,6 +78,8 @@ class ClosureQueue:
             self._run(entry)
 
     def _run(self, entry: _Entry) -> None:
+        if entry.kind == "summary" and _current_executor() is None:
+            return  # summaries go to the executor's writer: none here, fetch nothing
         # Host sync point: materializing the arguments waits for their step.
         args, kwargs = to_host((entry.args, entry.kwargs))
         self._running = entry
@@ -88,6 +90,10 @@ class ClosureQueue:
 
     def clear(self) -> None:
         self.pending.clear()
+
+    def running_step(self) -> int | None:
+        """The step of the closure running now (None when no closure runs)."""
+        return None if self._running is None else self._running.step
 
 
 QUEUE = ClosureQueue()
@@ -135,6 +141,8 @@ def _enqueue_or_run(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str
         return
     executor = _current_executor()
     if executor is None:
+        if kind == "summary":
+            return  # no executor, no writer: summaries are dropped
         if kind == "checkpoint":
             raise StateError(
                 "Cannot fetch a checkpoint outside of an execution context. Call "
@@ -146,7 +154,7 @@ def _enqueue_or_run(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str
         fn(*args, **kwargs)
         return
     step = executor.iteration
-    if kind == "checkpoint" and not executor._should_run(step, kind):
+    if kind != "step" and not executor._should_run(step, kind):
         return
     args, kwargs = _protect_from_donation((args, kwargs))
     QUEUE.put(_Entry(step, fn, args, kwargs, kind, QUEUE.dispatches))

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "RecompileError",
     "StateError",
+    "SummaryError",
     "TensorReadError",
     "UnsupportedOpError",
 ]
@@ -51,3 +52,7 @@ class CheckpointError(CerebraxError, RuntimeError):
 
 class UnsupportedOpError(CerebraxError, NotImplementedError):
     """A torch operator has no JAX lowering in the torch bridge."""
+
+
+class SummaryError(CerebraxError, RuntimeError):
+    """An event file is missing or damaged, or a summary tag does not exist."""

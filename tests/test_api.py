@@ -16,7 +16,8 @@ PUBLIC = {
         "set_half_dtype", "FunctionalModel", "CompiledModel", "ModelAdapter",
         "register_model_adapter", "Parameter", "Backend", "TracedStep", "DeferredValue",
         "CerebraxError", "RecompileError", "TensorReadError", "UnsupportedOpError",
-        "CheckpointError", "ConfigError", "BackendError", "StateError", "__version__",
+        "CheckpointError", "ConfigError", "BackendError", "StateError", "SummaryError",
+        "summarize_scalar", "summarize_tensor", "__version__",
     ],
     "cerebrax.optim": ["Optimizer", "OptaxOptimizer", "ParamGroup", "SGD", "Adam", "AdamW",
                        "Adamax", "Adadelta", "Adagrad", "ASGD", "NAdam", "RAdam", "RMSprop",
@@ -50,6 +51,8 @@ PUBLIC = {
                          "FBetaScoreMetric", "MeanIOUMetric", "DiceCoefficientMetric",
                          "MeanPerClassAccuracyMetric", "get_all_metrics"],
     "cerebrax.ckpt": ["save", "load", "is_checkpoint"],
+    "cerebrax.utils.tensorboard": ["SummaryWriter", "SummaryReader", "summarize_scalar",
+                                   "summarize_tensor"],
     "cerebrax.errors": ["CerebraxError", "RecompileError", "TensorReadError"],
 }
 

@@ -55,7 +55,11 @@ class DataExecutor:
         the final step.
       activation_steps: step closures run on steps ``s`` with ``(s + 1) % a == 0`` and
         on the final step.
-      writer: a summary writer for ``summarize_scalar`` (kept for later use).
+      writer: where ``cstorch.summarize_scalar`` / ``summarize_tensor`` write, on
+        activation steps, at step ``writer.base_step + iteration`` (see
+        :mod:`cerebrax.summaries`): a ``cstorch.utils.tensorboard.SummaryWriter`` or any
+        object with ``add_scalar(tag, value, step)`` (and ``add_tensor`` for tensors).
+        None drops summaries. The writer is flushed when the loop ends.
       progress_bar: True draws a live bar, False nothing; None (the default) draws a live
         bar on a terminal and otherwise prints one summary line to stderr at the end.
     """
@@ -88,6 +92,12 @@ class DataExecutor:
             checkpoint_steps = run_config().checkpoint_steps
         self.checkpoint_steps = _check_int("checkpoint_steps", checkpoint_steps, 0)
         self.activation_steps = _check_int("activation_steps", activation_steps, 1)
+        if writer is not None and not callable(getattr(writer, "add_scalar", None)):
+            raise ConfigError(
+                f"DataExecutor(writer=...) needs an object with add_scalar(tag, value, "
+                f"step), got {type(writer).__name__}. Pass "
+                "cstorch.utils.tensorboard.SummaryWriter(log_dir)."
+            )
         self.writer = writer
         self._progress_bar = progress_bar
         self.iteration = 0
@@ -123,6 +133,8 @@ class DataExecutor:
             return False
         if kind == "checkpoint":
             return self.is_checkpoint_step(step)
+        if kind == "summary" and self.writer is None:
+            return False
         return self.is_activation_step(step)
 
     def _note_output(self, output: Any) -> None:
@@ -157,6 +169,8 @@ class DataExecutor:
             if _ACTIVE and _ACTIVE[-1] is self:
                 try:
                     _closures.QUEUE.run_until(None, self)
+                    if callable(getattr(self.writer, "flush", None)):
+                        self.writer.flush()
                 finally:
                     _ACTIVE.pop()
                     if self.progress is not None:

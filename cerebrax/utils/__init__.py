@@ -1,3 +1,5 @@
-"""``cstorch.utils``: the data utilities live in ``cstorch.utils.data``."""
+"""``cstorch.utils``: data utilities in ``cstorch.utils.data``, TensorBoard summaries in
+``cstorch.utils.tensorboard``."""
 
 from . import data as data
+from . import tensorboard as tensorboard

@@ -1,0 +1,402 @@
+"""TensorBoard summaries: summarize_* in traced steps, the event file format, the reader."""
+
+from __future__ import annotations
+
+import pathlib
+import struct
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import batches, compiled_mlp, xent
+
+import cerebrax as cstorch
+from cerebrax.summaries import SummaryError, SummaryReader, SummaryWriter
+
+# ---- an event-file parser independent of cerebrax's ---------------------------------------
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 * (c & 1))
+        table.append(c)
+    return table
+
+
+CRC_TABLE = _crc_table()
+
+
+def crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked(data: bytes) -> int:
+    c = crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def records(path: pathlib.Path) -> list[bytes]:
+    """The payloads of a TFRecord file, asserting every length and CRC."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        header = data[pos : pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        assert struct.unpack("<I", data[pos + 8 : pos + 12])[0] == masked(header)
+        payload = data[pos + 12 : pos + 12 + length]
+        assert len(payload) == length
+        assert struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])[0] == masked(
+            payload
+        )
+        out.append(payload)
+        pos += 16 + length
+    assert pos == len(data)
+    return out
+
+
+def fields(msg: bytes) -> dict[int, list]:
+    out, pos = {}, 0
+    while pos < len(msg):
+        key, shift = 0, 0
+        while True:
+            b = msg[pos]
+            pos += 1
+            key |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, shift = 0, 0
+            while True:
+                b = msg[pos]
+                pos += 1
+                value |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+        elif wire == 2:
+            size, shift = 0, 0
+            while True:
+                b = msg[pos]
+                pos += 1
+                size |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+            value, pos = msg[pos : pos + size], pos + size
+        else:
+            size = {1: 8, 5: 4}[wire]
+            value, pos = msg[pos : pos + size], pos + size
+        out.setdefault(field, []).append(value)
+    return out
+
+
+def event_files(directory) -> list[pathlib.Path]:
+    return sorted(pathlib.Path(directory).rglob("events.out.tfevents.*"))
+
+
+# ---- a training loop that summarizes ------------------------------------------------------
+
+
+def train(num_steps: int, *, writer=None, activation_steps: int = 1, outside: bool = False):
+    """Runs a traced SGD step over a DataExecutor; returns the losses and first logits."""
+    model = compiled_mlp()
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def training_step(x, y):
+        logits = model(x)
+        loss = xent(logits, y)
+        cstorch.backward(loss)
+        norm = cstorch.optim.clip_grad_norm_(model.parameters(), 10.0)
+        optimizer.step()
+        cstorch.summarize_scalar("train/loss", loss)
+        cstorch.summarize_scalar("train/grad_norm", norm)  # a DeferredValue
+        cstorch.summarize_tensor("train/logits0", logits[0])
+        return loss, logits[0], norm
+
+    data = batches(num_steps)
+    loader = cstorch.utils.data.DataLoader(lambda: data, num_steps=num_steps)
+    executor = cstorch.utils.data.DataExecutor(
+        loader, activation_steps=activation_steps, writer=writer, progress_bar=False
+    )
+    outputs = []
+    for x, y in executor:
+        outputs.append(training_step(x, y))
+        if outside:
+            cstorch.summarize_scalar("outside/step", jnp.float32(executor.iteration * 10))
+    losses = np.array([np.float32(o[0]) for o in outputs])
+    logits = np.stack([np.asarray(o[1]) for o in outputs])
+    norms = np.array([np.float32(o[2]) for o in outputs])
+    return losses, logits, norms, training_step
+
+
+def test_traced_summaries_are_read_back_with_the_steps_and_values(tmp_path):
+    writer = SummaryWriter(tmp_path / "run")
+    losses, logits, norms, _ = train(5, writer=writer, outside=True)
+    reader = SummaryReader(tmp_path / "run")  # readable without close(): the loop flushed
+    assert reader.tags() == {
+        "scalars": ["outside/step", "train/grad_norm", "train/loss"],
+        "tensors": ["train/logits0"],
+    }
+    # cstorch's convention: step = writer.base_step (1) + 0-based iteration.
+    assert reader.scalars("train/loss") == [(s + 1, float(v)) for s, v in enumerate(losses)]
+    assert reader.scalars("train/grad_norm") == [(s + 1, float(v)) for s, v in enumerate(norms)]
+    assert reader.scalars("outside/step") == [(s + 1, 10.0 * s) for s in range(5)]
+    tensors = reader.tensors("train/logits0")
+    assert [s for s, _ in tensors] == [1, 2, 3, 4, 5]
+    for (_, got), want in zip(tensors, logits):
+        assert got.dtype == np.float32 and got.shape == (4,)
+        np.testing.assert_array_equal(got, want)
+    assert reader.read_scalar("train/loss", step=3).value == float(losses[2])
+    writer.close()
+
+
+def test_activation_steps_filter_summaries(tmp_path):
+    writer = SummaryWriter(tmp_path)
+    losses, _, _, _ = train(7, writer=writer, activation_steps=3, outside=True)
+    reader = SummaryReader(tmp_path)
+    # Activation steps: (s + 1) % 3 == 0, and the final step: s = 2, 5, 6.
+    assert reader.scalars("train/loss") == [(s + 1, float(losses[s])) for s in (2, 5, 6)]
+    assert [s for s, _ in reader.tensors("train/logits0")] == [3, 6, 7]
+    assert [s for s, _ in reader.scalars("outside/step")] == [3, 6, 7]
+
+
+def test_base_step_offsets_the_logged_steps(tmp_path):
+    writer = SummaryWriter(tmp_path, base_step=100)
+    train(2, writer=writer)
+    assert [s for s, _ in SummaryReader(tmp_path).scalars("train/loss")] == [100, 101]
+
+
+def test_without_a_writer_nothing_is_written_and_nothing_fails(tmp_path):
+    losses, _, _, step = train(3)
+    assert np.all(np.isfinite(losses))
+    assert event_files(tmp_path) == []
+    assert not cstorch._closures.QUEUE.pending
+    # Outside any executor the calls do nothing either, traced or not.
+    x, y = batches(1)[0]
+    step(x, y)
+    cstorch.summarize_scalar("eager", 1.5)
+    cstorch.summarize_tensor("eager", np.ones(3))
+    assert event_files(tmp_path) == []
+
+
+def test_one_program_with_and_without_a_writer(tmp_path, compiles):
+    model = compiled_mlp()
+
+    @cstorch.trace
+    def step_fn(x):
+        out = model(x).sum()
+        cstorch.summarize_scalar("sum", out)
+        return out
+
+    data = [x for x, _ in batches(3)]
+    loader = cstorch.utils.data.DataLoader(lambda: data, num_steps=3)
+    for x in cstorch.utils.data.DataExecutor(loader, progress_bar=False):
+        step_fn(x)
+    before = compiles.count
+    with SummaryWriter(tmp_path) as writer:
+        for x in cstorch.utils.data.DataExecutor(loader, writer=writer, progress_bar=False):
+            step_fn(x)
+    assert compiles.count == before and step_fn.num_compiles == 1
+    assert len(SummaryReader(tmp_path).scalars("sum")) == 3
+
+
+def test_summaries_are_written_one_step_behind_the_dispatch():
+    log = []
+
+    class Recorder:  # any object with add_scalar is a writer, e.g. torch's SummaryWriter
+        def add_scalar(self, tag, value, step):
+            log.append(("write", tag, step, value))
+
+    model = compiled_mlp()
+
+    @cstorch.trace
+    def step_fn(x):
+        out = model(x).sum()
+        cstorch.summarize_scalar("sum", out)
+        return out
+
+    data = [x for x, _ in batches(3)]
+    loader = cstorch.utils.data.DataLoader(lambda: data, num_steps=3)
+    executor = cstorch.utils.data.DataExecutor(loader, writer=Recorder(), progress_bar=False)
+    sums = []
+    for x in executor:
+        log.append(("dispatch", executor.iteration))
+        sums.append(float(step_fn(x)))
+    assert [e[:3] for e in log] == [
+        ("dispatch", 0),
+        ("dispatch", 1),
+        ("write", "sum", 1),
+        ("dispatch", 2),
+        ("write", "sum", 2),
+        ("write", "sum", 3),
+    ]
+    assert [e[3] for e in log if e[0] == "write"] == pytest.approx(sums)
+    assert all(type(e[3]) is float for e in log if e[0] == "write")
+
+
+def test_summaries_inside_a_step_closure_use_its_step(tmp_path):
+    @cstorch.step_closure
+    def report(value):
+        cstorch.summarize_scalar("from_closure", value * 2)
+
+    model = compiled_mlp()
+
+    @cstorch.trace
+    def step_fn(x):
+        out = model(x).sum()
+        report(out)
+        return out
+
+    data = [x for x, _ in batches(3)]
+    loader = cstorch.utils.data.DataLoader(lambda: data, num_steps=3)
+    with SummaryWriter(tmp_path) as writer:
+        sums = [
+            float(step_fn(x))
+            for x in cstorch.utils.data.DataExecutor(loader, writer=writer, progress_bar=False)
+        ]
+    got = SummaryReader(tmp_path).scalars("from_closure")
+    assert [s for s, _ in got] == [1, 2, 3]
+    np.testing.assert_allclose([v for _, v in got], np.float32(sums) * 2, rtol=1e-6)
+
+
+# ---- the event file -----------------------------------------------------------------------
+
+
+def test_event_file_framing_and_file_version_record(tmp_path):
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_scalar("a", 0.5, 3)
+        writer.add_tensor("t", np.arange(6, dtype=np.int32).reshape(2, 3), 4)
+        writer.add_tensor("big", np.arange(5000, dtype=np.float32), 5)  # > 8 KB payload
+    (path,) = event_files(tmp_path)
+    assert path.name.startswith("events.out.tfevents.")
+    first, scalar, tensor, big = (fields(p) for p in records(path))
+    assert first[3] == [b"brain.Event:2"] and 5 not in first
+    assert struct.unpack("<d", first[1][0])[0] > 1.6e9  # wall time, seconds
+    assert scalar[2] == [3]
+    value = fields(fields(scalar[5][0])[1][0])
+    assert value[1] == [b"a"] and struct.unpack("<f", value[2][0]) == (0.5,)
+    value = fields(fields(tensor[5][0])[1][0])
+    proto = fields(value[8][0])
+    assert proto[1] == [3]  # DT_INT32
+    dims = [fields(d)[1][0] for d in fields(proto[2][0])[2]]
+    assert dims == [2, 3]
+    assert proto[4] == [np.arange(6, dtype="<i4").tobytes()]
+    assert big[2] == [5]
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.float32(1.5) * np.ones((2, 3), np.float32),
+        np.array(2.25, np.float64),
+        np.arange(12, dtype=np.int64).reshape(3, 4) - 6,
+        np.array([True, False, True]),
+        np.linspace(-1, 1, 7).astype(np.float16),
+        np.linspace(-1, 1, 7).astype(ml_dtypes.bfloat16),
+        np.arange(6, dtype=np.uint8),
+        np.array([1 + 2j, -3j], np.complex64),
+        np.zeros((0, 3), np.float32),
+        np.random.default_rng(0).normal(size=(64, 300)).astype(np.float32),
+    ],
+    ids=lambda a: f"{a.dtype}{a.shape}",
+)
+def test_tensors_round_trip_exactly(tmp_path, array):
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_tensor("x", array, 7)
+    ((step, got),) = SummaryReader(tmp_path).tensors("x")
+    assert step == 7 and got.dtype == array.dtype and got.shape == array.shape
+    np.testing.assert_array_equal(got, array)
+
+
+def test_reader_detects_corruption(tmp_path):
+    with SummaryWriter(tmp_path) as writer:
+        for step in range(5):
+            writer.add_scalar("loss", 1.0 / (step + 1), step)
+    (path,) = event_files(tmp_path)
+    data = path.read_bytes()
+    assert len(SummaryReader(tmp_path).scalars("loss")) == 5
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(SummaryError, match="is damaged at byte"):
+        SummaryReader(tmp_path)
+    path.write_bytes(data[:-3])  # a run killed mid-write
+    with pytest.raises(SummaryError, match="ends inside"):
+        SummaryReader(tmp_path)
+    assert issubclass(SummaryError, cstorch.CerebraxError)
+
+
+def test_reader_errors_name_what_is_missing(tmp_path):
+    with pytest.raises(SummaryError, match="No event files"):
+        SummaryReader(tmp_path)
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_scalar("loss", 1.0, 1)
+    reader = SummaryReader(tmp_path)
+    with pytest.raises(SummaryError, match=r"Scalar tags there: \['loss'\]"):
+        reader.scalars("los")
+    with pytest.raises(SummaryError, match="its steps are"):
+        reader.read_scalar("loss", step=2)
+
+
+def test_writer_after_close_raises(tmp_path):
+    writer = SummaryWriter(tmp_path)
+    writer.close()
+    writer.close()
+    with pytest.raises(cstorch.ConfigError, match="closed"):
+        writer.add_scalar("x", 1.0, 1)
+
+
+# ---- misuse ---------------------------------------------------------------------------------
+
+
+def test_misuse_errors(tmp_path):
+    model = compiled_mlp()
+    x = batches(1)[0][0]
+
+    @cstorch.trace
+    def python_number(x):
+        cstorch.summarize_scalar("lr", 0.1)
+        return model(x).sum()
+
+    with pytest.raises(cstorch.StateError, match="Python number inside the traced step"):
+        python_number(x)
+
+    @cstorch.trace
+    def not_a_scalar(x):
+        cstorch.summarize_scalar("logits", model(x))
+        return model(x).sum()
+
+    with pytest.raises(cstorch.ConfigError, match="needs a single value, got shape"):
+        not_a_scalar(x)
+
+    loader = cstorch.utils.data.DataLoader(lambda: [x], num_steps=1)
+    with pytest.raises(cstorch.ConfigError, match="needs an object with add_scalar"):
+        cstorch.utils.data.DataExecutor(loader, writer=object())
+
+    class ScalarsOnly:
+        def add_scalar(self, tag, value, step):
+            pass
+
+    executor = cstorch.utils.data.DataExecutor(loader, writer=ScalarsOnly(), progress_bar=False)
+    with pytest.raises(cstorch.ConfigError, match="needs a writer with add_tensor"):
+        for _ in executor:
+            cstorch.summarize_tensor("w", np.ones(2))
+    with pytest.raises(cstorch.ConfigError, match="non-empty string"):
+        cstorch.summarize_scalar("", 1.0)
+
+
+def test_public_names():
+    for name in ("summarize_scalar", "summarize_tensor"):
+        assert getattr(cstorch, name) is getattr(cstorch.utils.tensorboard, name)
+    for name in ("SummaryWriter", "SummaryReader", "SummaryError", "ScalarEvent", "TensorEvent"):
+        assert getattr(cstorch.utils.tensorboard, name) is getattr(cstorch.summaries, name)
