@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import cerebrax.ckpt as ckpt
-from cerebrax.ckpt import _h5
+from cerebrax.ckpt import _save
 from cerebrax.errors import CheckpointError
 
 _DTYPES = [
@@ -74,6 +74,9 @@ def _reference(leaf: Any) -> np.ndarray:
 
 
 def _assert_same_bits(got: Any, want: Any, where: str) -> None:
+    if isinstance(got, ckpt.LazyArray):  # what load gives without map_location
+        assert got.shape == np.shape(want) and got.dtype == _reference(want).dtype, where
+        got = got.numpy()
     expected = _reference(want)
     if isinstance(want, np.generic):
         assert type(got) is type(want), where
@@ -222,17 +225,25 @@ def test_map_location_jax_refuses_narrowing_64_bit(tmp_path: Path) -> None:
         ckpt.load(tmp_path / "c.h5", map_location="jax")
 
 
-@pytest.mark.parametrize("map_location", [None, "cpu"])
-def test_map_location_cpu_gives_numpy(tmp_path: Path, map_location: Any) -> None:
-    ckpt.save({"w": jnp.ones(2)}, tmp_path / "c.h5")
+@pytest.mark.parametrize("map_location", ["cache", "cpu"])
+def test_map_location_cache_gives_numpy(tmp_path: Path, map_location: Any) -> None:
+    state = {"w": jnp.ones(2), "s": np.float32(2.5), "b": torch.ones(2, dtype=torch.bfloat16)}
+    ckpt.save(state, tmp_path / "c.h5")
     loaded = ckpt.load(tmp_path / "c.h5", map_location=map_location)
-    assert type(loaded["w"]) is np.ndarray
+    assert type(loaded["w"]) is np.ndarray and type(loaded["b"]) is np.ndarray
+    _assert_same_tree(loaded, state)
+
+
+def test_no_map_location_gives_lazy_arrays(tmp_path: Path) -> None:
+    ckpt.save({"w": jnp.ones(2)}, tmp_path / "c.h5")
+    loaded = ckpt.load(tmp_path / "c.h5")
+    assert type(loaded["w"]) is ckpt.LazyArray
 
 
 @pytest.mark.parametrize("map_location", ["cuda", "gpu", 0])
 def test_unknown_map_location_refused(tmp_path: Path, map_location: Any) -> None:
     ckpt.save({"w": np.ones(2)}, tmp_path / "c.h5")
-    with pytest.raises(CheckpointError, match=r"map_location.*'cpu'.*'jax'"):
+    with pytest.raises(CheckpointError, match=r"map_location.*'cache'.*'jax'"):
         ckpt.load(tmp_path / "c.h5", map_location=map_location)
 
 
@@ -252,7 +263,7 @@ def test_on_disk_layout(tmp_path: Path) -> None:
         assert weight.attrs["dtype"] == "bfloat16"
         assert weight.attrs["kind"] == "torch"
         assert file["optimizer.state.0.exp_avg"].attrs["kind"] == "numpy"
-        assert file.attrs["__format_version__"] == ckpt.FORMAT_VERSION == "1.0"
+        assert file.attrs["__format_version__"] == ckpt.FORMAT_VERSION == "1.1"
         assert isinstance(file.attrs["__cerebrax_version__"], str)
         assert bool(file.attrs["__SUCCESS__"])
         structure = json.loads(file.attrs["__structure__"])
@@ -315,7 +326,7 @@ def test_newer_format_version_refused(tmp_path: Path) -> None:
     ckpt.save({"w": np.ones(2)}, tmp_path / "c.h5")
     with h5py.File(tmp_path / "c.h5", "r+") as file:
         file.attrs["__format_version__"] = "2.0"
-    with pytest.raises(CheckpointError, match=r"format version 2\.0.*version 1\.0"):
+    with pytest.raises(CheckpointError, match=r"format version 2\.0.*version 1\.1"):
         ckpt.load(tmp_path / "c.h5")
 
 
@@ -328,7 +339,7 @@ def test_missing_file_refused(tmp_path: Path) -> None:
 def test_is_checkpoint(tmp_path: Path) -> None:
     ckpt.save({"w": np.ones(2)}, tmp_path / "good.h5")
     _write_hand_made(tmp_path / "partial.h5", success=False)
-    _write_hand_made(tmp_path / "newer.h5", success=True, version="1.1")
+    _write_hand_made(tmp_path / "newer.h5", success=True, version="1.2")
     (tmp_path / "text.h5").write_text("hello")
     with h5py.File(tmp_path / "foreign.h5", "w"):
         pass
@@ -341,16 +352,16 @@ def test_is_checkpoint(tmp_path: Path) -> None:
 
 
 def _fail_after_first_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = _h5._write_array
+    original = _save._write_leaf
     written: list[str] = []
 
-    def flaky(file: h5py.File, leaf: Any) -> None:
+    def flaky(file: h5py.File, fd: int, leaf: Any) -> Any:
         if written:
             raise RuntimeError("simulated crash mid-save")
-        original(file, leaf)
         written.append(leaf.name)
+        return original(file, fd, leaf)
 
-    monkeypatch.setattr(_h5, "_write_array", flaky)
+    monkeypatch.setattr(_save, "_write_leaf", flaky)
 
 
 def test_failed_save_keeps_previous_checkpoint(

@@ -1,0 +1,96 @@
+"""Conversion between cerebrax H5 checkpoints and torch ``.pt`` files."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from cerebrax.errors import CheckpointError
+
+from ._flatten import array_kind
+from ._format import PathLike
+from ._lazy import LazyArray
+from ._load import load
+from ._save import atomic_write, save
+
+
+def convert_torch_to_h5(src: PathLike, dst: PathLike) -> None:
+    """Writes the state dict of the torch file ``src`` as an H5 checkpoint ``dst``.
+
+    ``src`` is read with ``torch.load(weights_only=True)``, which rebuilds only
+    tensors, containers and plain values and refuses any other pickled object, so
+    a malicious file cannot run code. Tensors keep their dtype (bfloat16
+    included) and the nesting of dicts, lists and tuples is kept.
+
+    Raises:
+      CheckpointError: ``src`` is missing, is not a torch file, holds objects
+        that ``weights_only`` refuses, or holds a value the H5 format cannot store
+        (the message names its key).
+    """
+    torch = _import_torch()
+    src = os.fspath(src)
+    if not os.path.isfile(src):
+        raise CheckpointError(f"No torch file at {src!r}: no such file.")
+    try:
+        tree = torch.load(src, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch reports bad files with assorted exceptions
+        raise CheckpointError(
+            f"Cannot read torch file {src!r} with torch.load(weights_only=True), which "
+            f"only rebuilds tensors and plain containers: {error}"
+        ) from error
+    save(tree, dst)
+
+
+def convert_h5_to_torch(src: PathLike, dst: PathLike) -> None:
+    """Writes the H5 checkpoint ``src`` as a torch file ``dst`` (``torch.save``).
+
+    Every array becomes a ``torch.Tensor`` with the same dtype and shape
+    (bfloat16 included; saved numpy scalars become 0-d tensors); containers and
+    plain values are kept, so ``torch.load(dst, weights_only=True)`` reads it.
+    ``dst`` is written atomically, like :func:`save`.
+
+    Raises:
+      CheckpointError: ``src`` is not a readable checkpoint, or ``dst`` cannot
+        be written.
+    """
+    torch = _import_torch()
+    tree = to_torch(load(src))
+    atomic_write(os.path.abspath(os.fspath(dst)), lambda temp: torch.save(tree, temp))
+
+
+def to_torch(tree: Any) -> Any:
+    """A copy of ``tree`` with every array (lazy, numpy, jax) as a torch tensor.
+
+    Example:
+      >>> import numpy as np, cerebrax.ckpt as ckpt
+      >>> ckpt.save({"w": np.ones(2, np.float16)}, "/tmp/to_torch_doc.h5")
+      >>> ckpt.to_torch(ckpt.load("/tmp/to_torch_doc.h5"))["w"].dtype
+      torch.float16
+    """
+    torch = _import_torch()
+    if isinstance(tree, dict):
+        return {key: to_torch(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [to_torch(value) for value in tree]
+        return items if isinstance(tree, list) else tuple(items)
+    if isinstance(tree, LazyArray) or array_kind(tree) in ("jax", "numpy", "numpy_scalar"):
+        return _tensor(torch, np.array(tree))  # reads a lazy array; a writable copy
+    return tree
+
+
+def _tensor(torch: Any, array: np.ndarray) -> Any:
+    if array.dtype.name == "bfloat16":  # torch has no numpy bf16: go through the bits
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as error:
+        raise CheckpointError(
+            "Converting to or from torch files needs torch: pip install torch"
+        ) from error
+    return torch
