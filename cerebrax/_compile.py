@@ -55,7 +55,30 @@ class ModelAdapter(abc.ABC):
         return {}
 
     def state_dict_order(self, params: list[str], buffers: list[str]) -> list[str]:
+        """The names of ``state_dict()`` in order, aliases (see below) included."""
         return params + buffers
+
+    def state_dict_aliases(self) -> dict[str, str]:
+        """Extra state-dict names of stored values: ``{alias: stored name}``.
+
+        A tied weight is stored once but, as in torch, appears in the state dict under
+        every name (``{"lm_head.weight": "wte.weight"}``).
+        """
+        return {}
+
+    def frozen_parameters(self) -> set[str]:
+        """Names of parameters that are not trained (torch's ``requires_grad=False``)."""
+        return set()
+
+    def is_training(self) -> bool | None:
+        """The model's own train/eval flag, or None when the compiled model keeps it."""
+        return None
+
+    def set_training(self, mode: bool) -> None:
+        """Switches the model's own train/eval flag (when :meth:`is_training` has one)."""
+
+    def attach(self, compiled: CompiledModel) -> None:
+        """Called once the compiled model exists (e.g. to hook the original model)."""
 
 
 def _flatten_named(tree: Any) -> tuple[dict[str, Any], Any]:
@@ -225,10 +248,17 @@ _ALIASES: dict[int, _state.Parameter] = {}
 
 
 def resolve_parameter(obj: Any) -> _state.Parameter | None:
-    """The compiled parameter standing for ``obj`` (itself, or an aliased original)."""
+    """The compiled parameter standing for ``obj`` (itself, or an aliased original).
+
+    An original torch parameter also passes on its current ``requires_grad``, so a
+    parameter frozen after ``compile`` but before the optimizer is built stays fixed.
+    """
     if isinstance(obj, _state.Parameter):
         return obj
-    return _ALIASES.get(id(obj))
+    p = _ALIASES.get(id(obj))
+    if p is not None and isinstance(getattr(obj, "requires_grad", None), bool):
+        p.requires_grad = obj.requires_grad
+    return p
 
 
 class CompiledModel:
@@ -243,8 +273,10 @@ class CompiledModel:
         self.model = model
         self.backend = backend
         self._adapter = adapter
+        frozen = adapter.frozen_parameters()
         self._params = {
-            name: _state.Parameter(_place(v, backend), name=name, owner=self)
+            name: _state.Parameter(_place(v, backend), name=name, owner=self,
+                                   requires_grad=name not in frozen)
             for name, v in adapter.params().items()
         }
         self._buffers = {
@@ -257,8 +289,9 @@ class CompiledModel:
         )
         for ident, name in adapter.parameter_aliases().items():
             _ALIASES[ident] = self._params[name]
-        self.training = getattr(adapter, "initially_training", True)
+        self._training = bool(getattr(adapter, "initially_training", True))
         self._eager = {}
+        adapter.attach(self)
 
     # ---- torch.nn.Module-like surface ---------------------------------------------------
     def parameters(self) -> list[_state.Parameter]:
@@ -273,6 +306,17 @@ class CompiledModel:
     def named_buffers(self) -> Iterator[tuple[str, _state.StateRef]]:
         return iter(self._buffers.items())
 
+    @property
+    def training(self) -> bool:
+        """Train or eval mode; for a torch module, the original module's own flag."""
+        mode = self._adapter.is_training()
+        return self._training if mode is None else bool(mode)
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self._training = bool(mode)
+        self._adapter.set_training(bool(mode))
+
     def train(self, mode: bool = True) -> CompiledModel:
         self.training = bool(mode)
         return self
@@ -281,19 +325,39 @@ class CompiledModel:
         return self.train(False)
 
     def _slots(self) -> dict[str, _state.StateRef]:
+        """Every state-dict name (tied aliases included) -> the slot holding its value."""
         order = self._adapter.state_dict_order(list(self._params), list(self._buffers))
+        aliases = self._adapter.state_dict_aliases()
         slots = {**self._params, **self._buffers}
-        return {name: slots[name] for name in order}
+        return {name: slots[aliases.get(name, name)] for name in order}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Host copies (numpy) of every parameter and buffer, by state-dict name."""
+        """Host copies (numpy) of every parameter and buffer, by state-dict name.
+
+        Like torch's, a tied weight appears under each of its names, as one array.
+        """
         # Host sync point: waits for the steps that produce these values.
-        return {name: np.array(ref.value) for name, ref in self._slots().items()}
+        slots = self._slots()
+        copies: dict[int, np.ndarray] = {}
+        for ref in slots.values():
+            if id(ref) not in copies:
+                copies[id(ref)] = ref.value
+        for value in copies.values():
+            if isinstance(value, jax.Array):
+                value.copy_to_host_async()  # start every transfer before the first wait
+        copies = {k: np.array(v) for k, v in copies.items()}  # owned copies, not views
+        return {name: copies[id(ref)] for name, ref in slots.items()}
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True):
-        """Writes parameters and buffers from ``state_dict`` (shapes must match)."""
+        """Writes parameters and buffers from ``state_dict`` (shapes must match).
+
+        Values may be numpy, JAX or torch arrays, or lazy checkpoint arrays; each is cast
+        to the dtype of its slot. A tied weight is loaded from any of its names (the
+        last one present wins, as in torch), and counts as missing only when all are.
+        """
         slots = self._slots()
-        missing = [k for k in slots if k not in state_dict]
+        present = {id(ref) for name, ref in slots.items() if name in state_dict}
+        missing = [k for k, ref in slots.items() if id(ref) not in present]
         unexpected = [k for k in state_dict if k not in slots]
         if strict and (missing or unexpected):
             raise StateError(
@@ -304,19 +368,21 @@ class CompiledModel:
                 + ". Pass strict=False to load the keys that match."
             )
         for name, ref in slots.items():
-            if name not in state_dict:
-                continue
-            from ._interop import to_numpy
-
-            value = to_numpy(state_dict[name])
-            old = ref._value
-            if tuple(value.shape) != tuple(old.shape):
-                raise StateError(
-                    f"size mismatch for {name!r}: the checkpoint has shape "
-                    f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
-                )
-            ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype), self.backend.device)
+            if name in state_dict:
+                self._write_slot(name, ref, state_dict[name])
         return IncompatibleKeys(missing, unexpected)
+
+    def _write_slot(self, name: str, ref: _state.StateRef, value: Any) -> None:
+        from ._interop import to_numpy
+
+        value = to_numpy(value)
+        old = ref._value
+        if tuple(value.shape) != tuple(old.shape):
+            raise StateError(
+                f"size mismatch for {name!r}: the checkpoint has shape "
+                f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
+            )
+        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype), self.backend.device)
 
     # ---- calling ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -351,6 +417,7 @@ class CompiledModel:
 
     def _call_eagerly(self, args: tuple, kwargs: dict) -> Any:
         """A forward outside a traced step: a jitted call on the current values."""
+        args, kwargs = _torch_leaves_to_jax((args, kwargs))
         train = self.training
         fn = self._eager.get(train)
         if fn is None:
@@ -373,6 +440,16 @@ class CompiledModel:
         n = sum(int(np.prod(p.shape)) for p in self._params.values())
         return (f"CompiledModel({type(self.model).__name__}, {len(self._params)} parameters, "
                 f"{n:,} values, backend={self.backend.backend_type})")
+
+
+def _torch_leaves_to_jax(tree: Any) -> Any:
+    """``tree`` with torch tensor leaves as JAX arrays (shared through DLPack if possible)."""
+    from ._interop import is_torch_tensor, torch_to_jax
+
+    if not any(is_torch_tensor(x) for x in jax.tree.leaves(tree, is_leaf=is_torch_tensor)):
+        return tree
+    return jax.tree.map(lambda x: torch_to_jax(x) if is_torch_tensor(x) else x, tree,
+                        is_leaf=is_torch_tensor)
 
 
 def _place(value: Any, backend: _backend.Backend) -> jax.Array:

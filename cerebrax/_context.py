@@ -173,6 +173,8 @@ class TraceContext:
                 "gradient-consuming calls that follow it."
             )
         if p not in self.grads:
+            if not p.requires_grad:
+                return None  # as in torch: a frozen parameter has no gradient
             raise StateError(
                 f"{p.name!r} is not differentiated in this step: only parameters held by "
                 "an optimizer (with requires_grad=True) get gradients."

@@ -1,30 +1,120 @@
-"""Conversions between torch tensors and JAX arrays (torch is imported only if used)."""
+"""Conversions between torch tensors and JAX arrays (torch is imported only if used).
+
+``torch_to_jax`` hands a torch tensor to JAX through DLPack when it can: a contiguous
+CPU (or CUDA) tensor of a dtype JAX holds as is (float32, float16, bfloat16, int8 to
+int32, uint8, bool, complex64, and the 64-bit ones under ``jax_enable_x64``) becomes a
+JAX array over the same memory, no copy, provided the data is 64-byte aligned (JAX
+copies a misaligned buffer). Other tensors go through numpy and are copied once.
+
+Zero-copy inputs are safe in traced steps: a step donates only the registered state
+(its first argument), never its inputs, so XLA never writes into a torch tensor's
+memory. The JAX array keeps the torch storage alive through the DLPack capsule, so the
+tensor may be dropped right after the conversion. Writing to the torch tensor in place
+afterwards changes what the JAX array holds: a torch ``DataLoader`` gives a fresh
+tensor per batch, so batches are never written again.
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["to_numpy", "torch_to_jax"]
+__all__ = ["is_torch_tensor", "to_numpy", "to_torch", "torch_to_jax"]
 
 
-def torch_to_jax(t: Any) -> jax.Array:
-    """A JAX array with the contents of a torch tensor (bfloat16 included)."""
-    return jnp.asarray(to_numpy(t))
+def is_torch_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (checked without importing torch)."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+@functools.cache
+def _dlpack_dtypes(x64: bool) -> frozenset:
+    import torch
+
+    dtypes = {torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+              torch.int32, torch.uint8, torch.bool, torch.complex64}
+    if x64:  # otherwise JAX narrows 64-bit arrays, which copies
+        dtypes |= {torch.float64, torch.int64, torch.complex128}
+    return frozenset(dtypes)
+
+
+def _can_share(t: Any) -> bool:
+    import torch
+
+    return (t.device.type in ("cpu", "cuda") and t.layout == torch.strided
+            and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+            and t.dtype in _dlpack_dtypes(bool(jax.config.jax_enable_x64)))
+
+
+def torch_to_jax(t: Any, device: jax.Device | None = None) -> jax.Array:
+    """A JAX array with the contents of a torch tensor (bfloat16 included).
+
+    A contiguous CPU tensor of a dtype JAX keeps is shared through DLPack (no copy when
+    the data is 64-byte aligned); anything else is copied through numpy. 64-bit tensors
+    become 32-bit unless ``jax_enable_x64`` is on, as ``jnp.asarray`` does.
+
+    Args:
+      t: a torch tensor (one that requires grad is detached first).
+      device: where the array should live; None leaves a shared array where its memory
+        is (the host for CPU tensors) and puts a copied one on JAX's default device.
+    """
+    t = t.detach()
+    if _can_share(t):
+        try:
+            x = jax.dlpack.from_dlpack(t)
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            x = None  # e.g. a CUDA tensor while JAX has no GPU: copy through numpy
+        if x is not None:
+            return x if device is None or device in x.devices() else jax.device_put(x, device)
+    x = jnp.asarray(to_numpy(t))
+    return x if device is None else jax.device_put(x, device)
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """A numpy view or copy of a torch tensor, JAX array or numpy array."""
+    """A numpy view or copy of a torch tensor, JAX array or numpy array.
+
+    A CPU torch tensor becomes a view of its memory (bfloat16 as ``ml_dtypes.bfloat16``
+    through its bits); tensors on other devices are copied to the host.
+    """
     if type(x).__module__.startswith("torch"):
         import torch
 
         t = x.detach().cpu()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
         if t.dtype == torch.bfloat16:
             import ml_dtypes
 
             return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         return t.numpy()
     return np.asarray(x)
+
+
+def to_torch(x: Any, dtype: Any = None, *, copy: bool = True) -> Any:
+    """A CPU torch tensor holding ``x`` (numpy, JAX, a lazy checkpoint array, torch).
+
+    With ``copy=True`` the tensor owns its memory: a JAX array is copied to the host
+    (never aliased: a traced step may donate its buffer), a numpy array is copied too.
+    ``copy=False`` shares a writable numpy array's memory (the caller owns the array).
+    ``dtype`` (a torch dtype) casts the result, as ``tensor.copy_`` would.
+    """
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+    else:
+        if isinstance(x, np.ndarray) and not copy and x.flags.writeable:
+            array = x
+        else:
+            array = np.array(x, copy=True)  # host sync point for a JAX array
+        if array.dtype.name == "bfloat16":
+            t = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(array)
+    return t if dtype is None or t.dtype == dtype else t.to(dtype)

@@ -50,8 +50,16 @@ class TorchModelAdapter(ModelAdapter):
     """Runs a torch module in ``cerebrax.compile`` through :class:`Converted`.
 
     Parameters and buffers keep torch ``state_dict`` names (a tied parameter once, under
-    its first name); the module is exported once per mode (``train`` flag) and input
-    signature, at the first call.
+    its first name; ``state_dict()`` lists it under every name, as torch does); the
+    module is exported once per mode (``train`` flag) and input signature, at the first
+    call. The original module stays the user's handle on the model:
+
+    - its ``training`` flag is the compiled model's mode (``module.train()`` /
+      ``module.eval()`` switch it);
+    - its ``parameters()`` resolve to the compiled parameters in optimizers (by
+      identity); those with ``requires_grad=False`` are not trained;
+    - its ``state_dict()`` and ``load_state_dict()`` read and write the compiled state
+      (torch state-dict hooks, see ``torch_bridge._hooks``).
     """
 
     def __init__(self, module: torch.nn.Module, *, needs_key: bool | None = None):
@@ -60,6 +68,8 @@ class TorchModelAdapter(ModelAdapter):
         self.initially_training = module.training
         self.needs_key = _may_be_random(module) if needs_key is None else bool(needs_key)
         self._state_names = list(module.state_dict(keep_vars=True))
+        self._frozen = {name for name, p in module.named_parameters()
+                        if not p.requires_grad}
 
     def params(self) -> dict[str, Any]:
         return self.converted.params
@@ -84,8 +94,27 @@ class TorchModelAdapter(ModelAdapter):
                 for name, p in self.module.named_parameters(remove_duplicate=False)}
 
     def state_dict_order(self, params: list[str], buffers: list[str]) -> list[str]:
-        stored = set(params) | set(buffers)
+        stored = set(params) | set(buffers) | set(self.state_dict_aliases())
         return [name for name in self._state_names if name in stored]
+
+    def state_dict_aliases(self) -> dict[str, str]:
+        names = set(self._state_names)
+        return {alias: stored for alias, stored in self.converted.aliases.items()
+                if alias != stored and alias in names}
+
+    def frozen_parameters(self) -> set[str]:
+        return set(self._frozen)
+
+    def is_training(self) -> bool:
+        return self.module.training
+
+    def set_training(self, mode: bool) -> None:
+        self.module.train(mode)
+
+    def attach(self, compiled: Any) -> None:
+        from ._hooks import install
+
+        install(self.module, compiled)
 
 
 def model_adapter(module: torch.nn.Module, *, needs_key: bool | None = None
