@@ -17,6 +17,7 @@ from . import optim as optim
 from . import schedules as schedules
 from . import summaries as summaries
 from . import utils as utils
+from . import wse as wse
 from ._closures import checkpoint_closure as checkpoint_closure
 from ._closures import step_closure as step_closure
 from ._compile import CompiledModel as CompiledModel

@@ -101,6 +101,8 @@ class TracedStep:
         self._out_spec: tuple | None = None
         self._closure_specs: list[_ClosureSpec] = []
         self._modes: list[tuple[Any, bool]] = []
+        self._state_shardings: list | None = None
+        self._input_shardings: list | None = None
 
     # ---- input signature -------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict):
@@ -194,9 +196,28 @@ class TracedStep:
             finally:
                 _state._ACTIVE.pop()
             self._modes = [(m, m.training) for m in ctx.models_used]
-            return self._finish(ctx, state_values, out)
+            new_values, out_arrays, closure_arrays = self._finish(ctx, state_values, out)
+            if self._state_shardings is not None:
+                new_values = jax.lax.with_sharding_constraint(new_values,
+                                                              self._state_shardings)
+            return new_values, out_arrays, closure_arrays
 
-        self._jit = jax.jit(program, donate_argnums=(0,))
+        layout = getattr(backend, "layout", None)
+        if layout is None:
+            self._jit = jax.jit(program, donate_argnums=(0,))
+        else:
+            # A multi-device CSX backend: state and inputs are laid out on the wafer mesh
+            # (cerebrax.wse); XLA's SPMD partitioner inserts the collectives.
+            self._state_shardings = [layout.state_shardings(ref._value) for ref in self._refs]
+            paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
+                jax.tree.unflatten(treedef, [0] * len(statics)))[0]]
+            names = [self._argument_name(p) for p, s in zip(paths, statics) if s is None]
+            self._input_shardings = [
+                layout.input_sharding(jax.ShapeDtypeStruct(shape, dtype), name)
+                for name, (shape, dtype) in zip(names, key[2])
+            ]
+            self._jit = jax.jit(program, donate_argnums=(0,),
+                                in_shardings=(self._state_shardings, self._input_shardings))
         self.num_compiles += 1
 
     def _finish(self, ctx: TraceContext, old_values: list, out: Any):
@@ -244,7 +265,7 @@ class TracedStep:
             self._build(key, treedef, backend)
         else:
             self._check_modes()
-        states = [ref._value for ref in self._refs]
+        states, dynamic = self._placed(dynamic)
         if not backend.is_e2e_execution:
             return self._compile_or_validate(backend, states, dynamic)
         new_states, out_arrays, closure_arrays = self._jit(states, dynamic)
@@ -303,6 +324,12 @@ class TracedStep:
             shapes = jax.eval_shape(self._jit, states, dynamic)
             _write_artifacts(backend.compile_dir, self.__name__, lowered, compiled,
                              time.perf_counter() - start)
+            if getattr(backend, "wafer", None) is not None:
+                from .wse._memory import report_for_compiled
+
+                path = os.path.join(backend.compile_dir, f"{self.__name__}.memory.txt")
+                with open(path, "a") as f:
+                    f.write(report_for_compiled(self, compiled).format() + "\n")
         _, out_shapes, _ = shapes
         out_def, out_statics = self._out_spec
         it = iter(out_shapes)
@@ -314,7 +341,17 @@ class TracedStep:
         key, dynamic, _, treedef = self._split(args, kwargs)
         if self._jit is None or key != self._key:
             self._build(key, treedef, backend)
-        return self._jit.lower([ref._value for ref in self._refs], dynamic)
+        return self._jit.lower(*self._placed(dynamic))
+
+    def _placed(self, dynamic: list) -> tuple[list, list]:
+        """The state values and inputs, moved to the wafer layout's shardings if any."""
+        states = [ref._value for ref in self._refs]
+        if self._state_shardings is None:
+            return states, dynamic
+        states = jax.device_put(states, self._state_shardings)
+        for ref, value in zip(self._refs, states):
+            ref._value = value
+        return states, jax.device_put(dynamic, self._input_shardings)
 
 
 def _write_artifacts(directory: str, name: str, lowered, compiled, seconds: float) -> None:

@@ -60,6 +60,8 @@ class Backend:
       compile_only: lower and compile steps, write artifacts, run nothing.
       validate_only: trace steps abstractly, compile and run nothing.
       allow_recompile: let a step compile again for new input shapes (debugging).
+      wafer: the :class:`cerebrax.wse.Wafer` mesh of a multi-device CSX backend, else None.
+      layout: the :class:`cerebrax.wse.Layout` (state and batch shardings), else None.
     """
 
     def __init__(
@@ -90,6 +92,16 @@ class Backend:
         self.allow_recompile = bool(allow_recompile)
         self.device = device if device is not None else _default_device(backend_type)
         self.generation = _state._GENERATION[0]
+        # A CSX backend whose ClusterConfig spans several devices runs on a wafer mesh.
+        self.wafer = None
+        self.layout = None
+        if backend_type == "CSX" and cluster_config is not None and device is None:
+            from ..wse import Layout, build_wafer
+
+            self.wafer = build_wafer(cluster_config)
+            if self.wafer is not None:
+                self.layout = Layout(self.wafer)
+                self.device = self.wafer.mesh.devices.flat[0]
 
     @property
     def is_csx(self) -> bool:

@@ -47,8 +47,10 @@ class ClusterConfig:
     devices: ``"weight_streaming"`` (the default: parameters sharded over
     ``max_wgt_servers``), ``"pipeline"`` (``num_stages`` layer stages, micro-batches of
     ``micro_batch_size``) or ``"replica"`` (``num_replicas`` data-parallel copies).
-    Until the wafer execution lands, a CSX run executes on one device; the
-    configuration is validated all the same.
+    With more than one visible device, a CSX backend lays the run out on a device
+    mesh (see :mod:`cerebrax.wse`): replica and weight-streaming modes are built,
+    pipeline mode still runs on one device. With one visible device every
+    configuration runs on it, so a script written for a cluster runs on a laptop.
 
     Example:
       >>> import cerebrax as cstorch

@@ -152,6 +152,8 @@ class DataExecutor:
             _closures.QUEUE.clear()
         backend = current_backend(raise_exception=False)
         device = backend.device if backend is not None else None
+        if getattr(backend, "layout", None) is not None:
+            device = backend.layout.batch  # split over the wafer's data-parallel axes
         show = self._progress_bar
         self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
         _ACTIVE.append(self)
@@ -162,7 +164,7 @@ class DataExecutor:
                 if step > 0:
                     self._between_steps(step)
                 self.iteration = step
-                yield next(batches)
+                yield self._next_batch(batches, backend)
             finished = True
         finally:
             batches.close()  # stops the streaming threads now, not at garbage collection
@@ -177,6 +179,22 @@ class DataExecutor:
                         if finished:
                             self.progress.update(self.num_steps)
                         self.progress.close()
+
+    @staticmethod
+    def _next_batch(batches: Iterator[Any], backend: Any) -> Any:
+        try:
+            return next(batches)
+        except ValueError as e:
+            layout = getattr(backend, "layout", None)
+            if layout is None or type(e).__name__ != "IndivisibleError":
+                raise
+            size = layout.wafer.data_parallel_size
+            raise ConfigError(
+                f"A batch from the DataLoader cannot be split over the {size} "
+                f"data-parallel devices of the {layout.wafer.mode!r} layout "
+                f"({layout.wafer!r}): {e}. Fix: use a batch size divisible by {size} "
+                "(and drop_last=True), or change the ClusterConfig."
+            ) from e
 
     def _between_steps(self, step: int) -> None:
         previous = step - 1

@@ -1,0 +1,88 @@
+"""Where state and batches live on the wafer mesh, per execution mode.
+
+``replica``: every state leaf is replicated; batch leaves are split along their first
+dimension over ``("csx", "replica")``. Because the traced program is one global-view
+``jax.jit`` program, the loss is the mean over the global batch and XLA's SPMD
+partitioner inserts the gradient all-reduce: gradients equal the single-device ones.
+
+``weight_streaming``: each state leaf is split over ``"wgt"`` along its largest
+dimension that the server count divides (scalars and indivisible leaves are
+replicated); batches are split over ``"csx"``. XLA gathers weight shards where a layer
+needs them and reduce-scatters the gradients, and the optimizer update runs on shards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..errors import ConfigError
+from ._mesh import Wafer
+
+__all__ = ["Layout"]
+
+
+class Layout:
+    """Shardings of state leaves and batch leaves for one :class:`Wafer`."""
+
+    def __init__(self, wafer: Wafer):
+        self.wafer = wafer
+        self.mesh = wafer.mesh
+        self.replicated = NamedSharding(self.mesh, P())
+        self.batch = NamedSharding(self.mesh, P(wafer.data_axes))
+
+    # ---- state ------------------------------------------------------------------------
+    def state_sharding(self, leaf: Any) -> NamedSharding:
+        if self.wafer.mode != "weight_streaming":
+            return self.replicated
+        shape = tuple(getattr(leaf, "shape", ()))
+        dim = _largest_divisible_dim(shape, self.wafer.inner_size)
+        if dim is None or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return self.replicated
+        spec = [None] * len(shape)
+        spec[dim] = "wgt"
+        return NamedSharding(self.mesh, P(*spec))
+
+    def state_shardings(self, values: Any) -> Any:
+        """A pytree of shardings matching ``values``."""
+        return jax.tree.map(self.state_sharding, values)
+
+    # ---- batches ----------------------------------------------------------------------
+    def input_sharding(self, leaf: Any, name: str = "input") -> NamedSharding:
+        """Split along dim 0 over the data-parallel axes; scalars are replicated."""
+        shape = tuple(getattr(leaf, "shape", ()))
+        if not shape:
+            return self.replicated
+        size = self.wafer.data_parallel_size
+        if shape[0] % size:
+            axes = " x ".join(f"{a}={self.mesh.shape[a]}" for a in self.wafer.data_axes)
+            good = max(size, (shape[0] // size) * size)
+            raise ConfigError(
+                f"The batch of `{name}` has {shape[0]} rows (shape {shape}), which the "
+                f"{self.wafer.mode!r} layout cannot split over its {size} data-parallel "
+                f"devices ({axes}). Fix: use a batch size divisible by {size}, e.g. "
+                f"{good}, or change the ClusterConfig."
+            )
+        return self.batch
+
+    def place_state(self, values: Any) -> Any:
+        return jax.device_put(values, self.state_shardings(values))
+
+
+def _largest_divisible_dim(shape: tuple[int, ...], n: int) -> int | None:
+    best = None
+    for d, size in enumerate(shape):
+        if size >= n and size % n == 0 and (best is None or size > shape[best]):
+            best = d
+    return best
+
+
+def sharded_bytes(leaf: Any, sharding: Any) -> int:
+    """Bytes one device holds of ``leaf`` under ``sharding``."""
+    shape = tuple(leaf.shape)
+    shard = sharding.shard_shape(shape) if shape else ()
+    return int(np.prod(shard, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize

@@ -1,0 +1,103 @@
+"""The device mesh of a CSX backend, from its ``ClusterConfig``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from ..backend._cluster import ClusterConfig
+from ..errors import ConfigError
+
+__all__ = ["Wafer", "build_wafer"]
+
+# cstorch's default max_wgt_servers; a config that keeps it asks for no particular count.
+_DEFAULT_WGT_SERVERS = ClusterConfig.max_wgt_servers
+
+
+@dataclasses.dataclass(frozen=True)
+class Wafer:
+    """A mesh ``(num_csx, inner)`` with axes ``("csx", "replica" | "wgt")``."""
+
+    mesh: Mesh
+    mode: str
+
+    @property
+    def inner_axis(self) -> str:
+        return self.mesh.axis_names[1]
+
+    @property
+    def num_csx(self) -> int:
+        return self.mesh.shape["csx"]
+
+    @property
+    def inner_size(self) -> int:
+        return self.mesh.shape[self.inner_axis]
+
+    @property
+    def data_axes(self) -> tuple[str, ...]:
+        """The mesh axes the batch is split over."""
+        return ("csx", "replica") if self.mode == "replica" else ("csx",)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return int(np.prod([self.mesh.shape[a] for a in self.data_axes]))
+
+    @property
+    def size(self) -> int:
+        return self.mesh.size
+
+    def __repr__(self) -> str:
+        shape = ", ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
+        return f"Wafer({self.mode!r}, {shape})"
+
+
+def build_wafer(cluster: ClusterConfig,
+                devices: Sequence[jax.Device] | None = None) -> Wafer | None:
+    """The wafer mesh for ``cluster``, or None when the run uses one device.
+
+    With several devices visible, ``num_csx`` x (``num_replicas`` | ``max_wgt_servers``)
+    devices form the mesh and must fit. An unchanged default ``max_wgt_servers`` (24)
+    that does not fit means one device per system; ``pipeline`` runs on one device.
+
+    Raises:
+      ConfigError: the layout needs more devices than there are.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    available = len(devices)
+    if available == 1:
+        # One device (a laptop, a plain CPU run): every ClusterConfig runs on it, so a
+        # script written for a real cluster ports unchanged. Emulate a wafer with
+        # XLA_FLAGS=--xla_force_host_platform_device_count=N.
+        return None
+    mode = cluster.execution_mode
+    csx = cluster.num_csx
+    if mode == "pipeline":
+        return None  # the pipeline layout runs on one device until it lands
+    if mode == "replica":
+        inner, axis, field = (cluster.num_replicas or 1), "replica", "num_replicas"
+    else:
+        inner, axis, field = cluster.max_wgt_servers, "wgt", "max_wgt_servers"
+        if inner == _DEFAULT_WGT_SERVERS and csx * inner > available:
+            # The default (cstorch's 24) is not a request for 24 devices: without an
+            # explicit max_wgt_servers that fits, each system keeps its weights on one
+            # device (set max_wgt_servers to shard them).
+            inner = 1
+    needed = csx * inner
+    if needed > available:
+        fix_inner = max(available // csx, 1)
+        raise ConfigError(
+            f"ClusterConfig(execution_mode={mode!r}, num_csx={csx}, {field}={inner}) needs "
+            f"num_csx x {field} = {csx} x {inner} = {needed} devices, but JAX sees "
+            f"{available}. Fix: lower {field} to {fix_inner}"
+            + (f" or num_csx to {max(available // inner, 1)}" if inner <= available else "")
+            + " (or emulate more CPU devices with "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N before JAX starts)."
+        )
+    if needed == 1:
+        return None
+    grid = np.array(devices[:needed], dtype=object).reshape(csx, inner)
+    return Wafer(Mesh(grid, ("csx", axis)), mode)
