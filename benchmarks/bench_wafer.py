@@ -1,0 +1,235 @@
+"""Per-device weight memory and speed of the emulated wafer's layouts (8 CPU devices).
+
+1. Memory. MLPs of 4, 8, 16 and 24 equal layers (``WIDTH`` x ``WIDTH`` weight and bias,
+   float32) with AdamW: the per-device bytes of parameters + optimizer state that
+   ``cstorch.wse.memory_report`` counts for the compiled training step in weight-streaming
+   mode (``max_wgt_servers=8``) and in replica mode (``num_replicas=8``), next to the
+   bound ``total / servers + largest layer`` and XLA's temporaries of the per-device
+   program. Growth per added layer is compared with one layer's shard (its params and
+   AdamW moments / 8) and with one whole layer.
+2. Speed. Steps/s of single device, replica and weight streaming for one MLP size:
+   rounds alternate the order of the three, each round builds the run afresh, warms it
+   up (compiles) and times ``STEPS`` steps; medians over the rounds are reported.
+
+    python benchmarks/bench_wafer.py     # prints the tables, updates RESULTS.md
+
+The emulated devices are threads of one host CPU, so the speed figures measure the
+overhead of the SPMD program (collectives, smaller kernels), not a real cluster. The
+script re-executes itself with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
+when that flag is missing. The section of RESULTS.md between
+``<!-- wafer:start -->`` and ``<!-- wafer:end -->`` is replaced on rerun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+FLAG = "--xla_force_host_platform_device_count=8"
+if FLAG not in os.environ.get("XLA_FLAGS", ""):  # XLA reads the flag once, at start-up
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FLAG).strip()
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+import argparse  # noqa: E402
+import pathlib  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from results import write_section  # noqa: E402
+
+import cerebrax as cstorch  # noqa: E402
+
+WIDTH = 256
+BATCH = 64
+SERVERS = 8
+LAYER_COUNTS = (4, 8, 16, 24)
+SPEED_LAYERS = 8
+STEPS = 50
+ROUNDS = 5
+
+ClusterConfig = cstorch.distributed.ClusterConfig
+MODES = {
+    "single device": None,
+    "replica": dict(execution_mode="replica", num_replicas=SERVERS),
+    "weight streaming": dict(execution_mode="weight_streaming", max_wgt_servers=SERVERS),
+}
+
+
+def init_params(layers: int, seed: int = 0) -> dict:
+    keys = jax.random.split(jax.random.key(seed), layers)
+    return {
+        f"layer{i}": {
+            "w": jax.random.normal(k, (WIDTH, WIDTH)) / np.sqrt(WIDTH),
+            "b": np.zeros((WIDTH,), np.float32),
+        }
+        for i, k in enumerate(keys)
+    }
+
+
+def mlp(params: dict, x: jax.Array) -> jax.Array:
+    for i in range(len(params)):
+        x = x @ params[f"layer{i}"]["w"] + params[f"layer{i}"]["b"]
+        if i < len(params) - 1:
+            x = jax.nn.relu(x)
+    return x
+
+
+def batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(BATCH, WIDTH)).astype(np.float32)
+    y = rng.integers(0, WIDTH, size=(BATCH,)).astype(np.int32)
+    return x, y
+
+
+def build(mode: str, layers: int):
+    """A fresh run in ``mode``: the traced AdamW training step."""
+    cstorch.reset()
+    cstorch.amp.set_half_dtype("float32")
+    fields = MODES[mode]
+    backend = (cstorch.backend("CPU") if fields is None
+               else cstorch.backend("CSX", cluster_config=ClusterConfig(**fields)))
+    model = cstorch.compile(cstorch.FunctionalModel(mlp, init_params(layers)), backend)
+    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    @cstorch.trace
+    def training_step(x, y):
+        loss = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+        cstorch.backward(loss)
+        optimizer.step()
+        return loss
+
+    return training_step
+
+
+def memory_rows() -> list[dict]:
+    layer_params = (WIDTH * WIDTH + WIDTH) * 4
+    rows = []
+    for layers in LAYER_COUNTS:
+        row = {"layers": layers}
+        for mode in ("replica", "weight streaming"):
+            report = cstorch.wse.memory_report(build(mode, layers), *batch())
+            assert report.num_devices == SERVERS, report
+            row[mode] = report.weight_and_optimizer_bytes
+            row[mode + " temp"] = report.temp_bytes
+            row["total"] = report.params_total_bytes + report.optimizer_total_bytes
+            assert report.params_total_bytes == layers * layer_params, report
+        row["bound"] = row["total"] / SERVERS + layer_params
+        rows.append(row)
+    cstorch.reset()
+    return rows
+
+
+def memory_table(rows: list[dict]) -> str:
+    whole_layer = 3 * (WIDTH * WIDTH + WIDTH) * 4  # params + two AdamW moments
+    shard = whole_layer / SERVERS
+
+    def kib(n: float) -> str:
+        return f"{n / 1024:,.1f}"
+
+    lines = [
+        "| layers | params + AdamW total (KiB) | replica per device | WS per device | "
+        "bound total/8 + largest layer | WS / bound | WS growth per added layer | "
+        "XLA temp: replica / WS |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    previous = None
+    for row in rows:
+        ws = row["weight streaming"]
+        growth = "—"
+        if previous is not None:
+            growth = kib((ws - previous["weight streaming"]) / (row["layers"] - previous["layers"]))
+        lines.append(
+            f"| {row['layers']} | {kib(row['total'])} | {kib(row['replica'])} | {kib(ws)} | "
+            f"{kib(row['bound'])} | {ws / row['bound']:.2f} | {growth} | "
+            f"{kib(row['replica temp'] or 0)} / {kib(row['weight streaming temp'] or 0)} |"
+        )
+        previous = row
+    lines.append("")
+    lines.append(
+        f"One layer (W {WIDTH}x{WIDTH} + b {WIDTH}, float32, with its two AdamW moments): "
+        f"{kib(whole_layer)} KiB whole, {kib(shard)} KiB per device when sharded over "
+        f"{SERVERS} servers. The largest layer in the bound is one layer's parameters "
+        f"({kib((WIDTH * WIDTH + WIDTH) * 4)} KiB)."
+    )
+    return "\n".join(lines)
+
+
+def steps_per_second(mode: str, x: np.ndarray, y: np.ndarray) -> float:
+    step = build(mode, SPEED_LAYERS)
+    for _ in range(3):  # compile and warm up
+        loss = step(x, y)
+    float(loss)
+    start = time.perf_counter()
+    for _ in range(STEPS):
+        loss = step(x, y)
+    float(loss)  # wait for the last step
+    return STEPS / (time.perf_counter() - start)
+
+
+def speed_rows() -> dict[str, list[float]]:
+    x, y = batch()
+    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    order = list(MODES)
+    for r in range(ROUNDS):
+        for mode in (order if r % 2 == 0 else order[::-1]):
+            samples[mode].append(steps_per_second(mode, x, y))
+    cstorch.reset()
+    return samples
+
+
+def speed_table(samples: dict[str, list[float]]) -> str:
+    base = statistics.median(samples["single device"])
+    lines = ["| layout | steps/s (median) | min - max over rounds | vs single device |",
+             "|---|---:|---:|---:|"]
+    for mode, values in samples.items():
+        value = statistics.median(values)
+        lines.append(f"| {mode} | {value:,.1f} | {min(values):,.1f} - {max(values):,.1f} | "
+                     f"{value / base:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default=str(pathlib.Path(__file__).with_name("RESULTS.md")))
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    assert jax.device_count() == SERVERS, jax.devices()
+
+    rows = memory_rows()
+    memory = memory_table(rows)
+    print(memory, flush=True)
+    speeds = speed_rows()
+    speed = speed_table(speeds)
+    print()
+    print(speed)
+
+    section = "\n".join([
+        "## Emulated wafer: weight memory per device and speed (bench_wafer.py)",
+        "",
+        f"{jax.device_count()} emulated CPU devices ({platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores), jax {jax.__version__}. MLPs of equal layers, "
+        f"AdamW, float32, batch {BATCH}. Per-device bytes of parameters + optimizer state "
+        "as `cstorch.wse.memory_report` counts them for the compiled training step (the "
+        "shard each device holds); XLA temp is the compiled per-device program's "
+        "temporaries (activations, gathered weights, gradients).",
+        "",
+        memory,
+        "",
+        f"Steps/s, {SPEED_LAYERS} layers of {WIDTH}, {ROUNDS} alternating rounds of "
+        f"{STEPS} timed steps each (after compiling), medians. The 8 devices are "
+        "threads of the same host CPU: this measures the cost of the SPMD program, not "
+        "a speed-up, on a machine that other jobs were sharing.",
+        "",
+        speed,
+    ])
+    if not args.no_write:
+        write_section(pathlib.Path(args.output), "wafer", section)
+        print(f"\nwrote the wafer section of {args.output}")
+
+
+if __name__ == "__main__":
+    main()
