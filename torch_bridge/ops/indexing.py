@@ -53,6 +53,8 @@ def unsafe_index(x, indices):
 
 @lowering(aten.index_select.default)
 def index_select(x, dim, index):
+    if x.ndim == 0:  # torch: a 0-d input and a one-element index give the input
+        return x
     return jnp.take(x, index, axis=axis(dim, x.ndim), mode="clip")
 
 
@@ -88,6 +90,8 @@ def _crop_to(x, shape, skip: int):
 def gather(x, dim, index, *, sparse_grad=False):
     if x.ndim == 0:
         return x.reshape(index.shape)
+    if index.size == 0:  # torch accepts any empty index, whatever its rank
+        return jnp.zeros(index.shape, x.dtype)
     a = axis(dim, x.ndim)
     x = _crop_to(x, index.shape, a)
     return jnp.take_along_axis(x, index, axis=a, mode="promise_in_bounds")
@@ -171,7 +175,8 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 
 @lowering(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
-    mask = jnp.broadcast_to(mask, x.shape)
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)  # torch broadcasts both
+    x, mask = jnp.broadcast_to(x, shape), jnp.broadcast_to(mask, shape)
     flat_mask = mask.reshape(-1)
     positions = jnp.cumsum(flat_mask) - 1
     picked = jnp.take(source.reshape(-1), jnp.clip(positions, 0, source.size - 1))

@@ -41,6 +41,8 @@ def prod(x, *, dtype=None):
 @lowering(aten.prod.dim_int)
 def prod_dim(x, dim, keepdim=False, *, dtype=None):
     x = maybe_cast(x, dtype) if dtype is not None else _int_to_long(x)
+    if x.ndim == 0:  # torch accepts dim 0 / -1 on a 0-d tensor
+        return x
     return jnp.prod(x, axis=axis(dim, x.ndim), keepdims=keepdim)
 
 
@@ -66,12 +68,16 @@ def min_(x):
 
 @lowering(aten.max.dim)
 def max_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int32)
     a = axis(dim, x.ndim)
     return jnp.max(x, axis=a, keepdims=keepdim), jnp.argmax(x, axis=a, keepdims=keepdim)
 
 
 @lowering(aten.min.dim)
 def min_dim(x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int32)
     a = axis(dim, x.ndim)
     return jnp.min(x, axis=a, keepdims=keepdim), jnp.argmin(x, axis=a, keepdims=keepdim)
 
@@ -81,6 +87,8 @@ def argmax(x, dim=None, keepdim=False):
     if dim is None:
         out = jnp.argmax(x.reshape(-1))
         return out.reshape((1,) * x.ndim) if keepdim else out
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int32)
     return jnp.argmax(x, axis=axis(dim, x.ndim), keepdims=keepdim)
 
 
@@ -89,6 +97,8 @@ def argmin(x, dim=None, keepdim=False):
     if dim is None:
         out = jnp.argmin(x.reshape(-1))
         return out.reshape((1,) * x.ndim) if keepdim else out
+    if x.ndim == 0:
+        return jnp.zeros((), jnp.int32)
     return jnp.argmin(x, axis=axis(dim, x.ndim), keepdims=keepdim)
 
 
@@ -138,13 +148,13 @@ def logsumexp(x, dim, keepdim=False):
 @lowering(aten.cumsum.default)
 def cumsum(x, dim, *, dtype=None):
     x = maybe_cast(x, dtype) if dtype is not None else _int_to_long(x)
-    return jnp.cumsum(x, axis=axis(dim, x.ndim))
+    return x if x.ndim == 0 else jnp.cumsum(x, axis=axis(dim, x.ndim))
 
 
 @lowering(aten.cumprod.default)
 def cumprod(x, dim, *, dtype=None):
     x = maybe_cast(x, dtype) if dtype is not None else _int_to_long(x)
-    return jnp.cumprod(x, axis=axis(dim, x.ndim))
+    return x if x.ndim == 0 else jnp.cumprod(x, axis=axis(dim, x.ndim))
 
 
 @lowering(aten.sort.default, aten.sort.stable)

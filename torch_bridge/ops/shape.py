@@ -80,6 +80,8 @@ def unsqueeze(x, dim):
 @lowering(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
           aten.squeeze_copy.dims)
 def squeeze(x, dim=None):
+    if isinstance(dim, (list, tuple)) and not dim:  # squeeze.dims with no dims: a no-op
+        return x
     ax = axes(dim, x.ndim)
     return jnp.squeeze(x, tuple(a for a in ax if x.shape[a] == 1))
 
