@@ -161,11 +161,16 @@ class DataLoader:
     workers disjoint shards, select the rows ``rank::num_streamers()`` (or use a torch
     ``DistributedSampler`` with ``num_replicas=num_streamers(), rank=rank`` and the
     same seed everywhere; its ``set_epoch`` is called at every epoch). Without CSX
-    workers (CPU, GPU, ``num_workers_per_csx=0``) one background thread streams the
-    iterable of the single ``input_fn`` call. Batches are converted to JAX arrays and
-    placed on the device in the background, ``prefetch`` (default 2) batches ahead per
-    worker. An exception in ``input_fn`` or in the iteration reaches the step that
-    would have received the batch, with the worker's traceback.
+    workers (CPU, GPU, ``num_workers_per_csx=0``) the iterable of the single
+    ``input_fn`` call is read in the stepping thread, between steps: the traced step
+    runs asynchronously, so the next batch is read, converted and placed while the
+    device computes, and no thread contends with the step's dispatch for the Python
+    interpreter. Set ``loader.background = True`` for a slow input pipeline that waits
+    (disk, network) or a step that blocks the host: a background thread then streams
+    it. Worker threads convert batches to JAX arrays and place them on the device in
+    the background, ``prefetch`` (default 2) batches ahead per worker. An exception in
+    ``input_fn`` or in the iteration reaches the step that would have received the
+    batch, with the worker's traceback.
 
     Resuming. :meth:`state_dict` records the batches the steps consumed from every
     worker; :meth:`load_state_dict` makes the next pass skip them, so a resumed run
@@ -187,6 +192,8 @@ class DataLoader:
     """
 
     prefetch: int = 2  # batches buffered per worker, and placed on the device
+    # Stream in background threads: None = only when there are several streaming workers.
+    background: bool | None = None
 
     def __init__(
         self,
@@ -263,8 +270,9 @@ class DataLoader:
         else:
             make_source = lambda: self.source  # noqa: E731 - the single input_fn call
         steps, positions = self._take_resume(infos)
+        background = self.background if self.background is not None else len(infos) > 1
         stream = _workers.Stream(infos, make_source, device, steps=steps, positions=positions,
-                                 prefetch=self.prefetch)
+                                 prefetch=self.prefetch, background=background)
         self._stream = stream
         try:
             while True:

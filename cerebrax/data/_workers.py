@@ -22,7 +22,7 @@ import dataclasses
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -201,7 +201,9 @@ class _Worker:
     def _run(self) -> None:
         with bind(self.info):
             try:
-                self._stream()
+                for item in self.produce():
+                    if not self.stream.put(self.queue, item):
+                        return
             except BaseException as error:  # noqa: BLE001 - the step re-raises it
                 self.stream.put(self.queue, _Failure(error, self.where))
 
@@ -214,7 +216,8 @@ class _Worker:
             worker_step=pos.batches, samples_streamed=pos.samples, user_state_dict=user_state,
         )
 
-    def _stream(self) -> None:
+    def produce(self) -> Iterator[_HostBatch]:
+        """This worker's host batches, in order, after the ones a saved run consumed."""
         source = self.make_source()
         restartable = isinstance(source, RestartableDataLoader)
         start = self.start
@@ -244,8 +247,7 @@ class _Worker:
                 if restartable:
                     with worker_state(self._checkpoint(pos)):
                         pos.user_state = copy.deepcopy(source.state_dict())
-                if not self.stream.put(self.queue, _HostBatch(host, pos)):
-                    return
+                yield _HostBatch(host, pos)
             if seen == 0 and not (restored and first_pass):
                 raise ConfigError(MSG_EMPTY.format(rank=self.info.rank))
             if iter(source) is source:
@@ -267,30 +269,38 @@ class Stream:
 
     Args:
       infos: one streaming context per worker, in rank order.
-      make_source: called in each worker's thread (inside its context) to build its
-        iterable.
+      make_source: called in each worker's context to build its iterable.
       placement: the device or sharding the batches are put on.
       steps: the global batches a saved run consumed (0 for a fresh run).
       positions: each worker's :class:`WorkerPosition` in that run.
       prefetch: batches each queue holds.
+      background: run the workers and the feeder in threads. Without threads,
+        :meth:`next` reads, converts and places each batch in the calling thread;
+        the order, the checks, the positions and the errors are the same.
     """
 
     def __init__(
         self, infos: list[StreamerInfo], make_source: Callable[[], Any], placement: Any, *,
         steps: int = 0, positions: list[WorkerPosition] | None = None, prefetch: int = 2,
+        background: bool = True,
     ):
         self.num_csx, self.per_csx = infos[0].num_csx, infos[0].workers_per_csx
         self.placement = placement
         self.prefetch = prefetch
+        self.background = background
         self.stop = threading.Event()
         self.steps = steps
         self.positions = positions or [WorkerPosition() for _ in infos]
         self.workers = [
             _Worker(self, info, make_source, pos) for info, pos in zip(infos, self.positions)
         ]
+        self.closed = False
+        self._check = _BatchSizeCheck()
+        if not background:
+            self._producers: list[Iterator[_HostBatch] | None] = [None] * len(self.workers)
+            return
         self.out: queue.Queue = queue.Queue(maxsize=prefetch)
         self.feeder = threading.Thread(target=self._feed, name="cerebrax-feeder", daemon=True)
-        self.closed = False
         _LIVE.add(self)
         for worker in self.workers:
             worker.thread.start()
@@ -317,40 +327,67 @@ class Stream:
                     return _Failure(StateError(f"The {where} stopped without a batch."), "")
         return None
 
-    # ---- the feeder thread ----
+    # ---- the feeder ----
+    def _assemble(self, step: int, take: Callable[[_Worker], Any]) -> _Placed | _Failure | None:
+        """Global batch ``step``: one host batch per system, checked, joined and placed.
+
+        ``take(worker)`` gives that worker's next item (a failure, or None once stopped).
+        """
+        local = step % self.per_csx
+        parts = []
+        for csx in range(self.num_csx):
+            worker = self.workers[csx * self.per_csx + local]
+            item = take(worker)
+            if item is None or isinstance(item, _Failure):
+                return item
+            parts.append((worker.info.rank, item))
+        batches = [item.batch for _, item in parts]
+        batch = batches[0] if len(batches) == 1 else _concat(batches)
+        self._check(batch, step)
+        return _Placed(place(batch, self.placement),
+                       [(rank, item.position) for rank, item in parts])
+
     def _feed(self) -> None:
-        check = _BatchSizeCheck()
         step = self.steps
+        take = lambda w: self._get(w.queue, w.thread, w.where)  # noqa: E731
         try:
             while True:
-                local = step % self.per_csx
-                parts = []
-                for csx in range(self.num_csx):
-                    worker = self.workers[csx * self.per_csx + local]
-                    item = self._get(worker.queue, worker.thread, worker.where)
-                    if item is None:
-                        return
-                    if isinstance(item, _Failure):
-                        self.put(self.out, item)
-                        return
-                    parts.append((worker.info.rank, item))
-                batches = [item.batch for _, item in parts]
-                batch = batches[0] if len(batches) == 1 else _concat(batches)
-                check(batch, step)
-                placed = _Placed(place(batch, self.placement),
-                                 [(rank, item.position) for rank, item in parts])
-                if not self.put(self.out, placed):
+                placed = self._assemble(step, take)
+                if placed is None:
+                    return
+                if not self.put(self.out, placed) or isinstance(placed, _Failure):
                     return
                 step += 1
         except BaseException as error:  # noqa: BLE001 - the step re-raises it
             self.put(self.out, _Failure(error, ""))
+
+    def _take_inline(self, worker: _Worker) -> _HostBatch:
+        """The next batch of ``worker``, read in the calling thread (in its context)."""
+        rank = worker.info.rank
+        with bind(worker.info):
+            try:
+                if self._producers[rank] is None:
+                    self._producers[rank] = worker.produce()
+                return next(self._producers[rank])
+            except BaseException as error:
+                if worker.info.num_streamers > 1:
+                    error.add_note(f"[cerebrax] raised in {worker.where} of the DataLoader "
+                                   "while it ran input_fn or iterated its data.")
+                raise
 
     # ---- the consumer side (the thread that runs the steps) ----
     def next(self) -> Any:
         """The next placed batch; raises what a worker or the feeder raised."""
         if self.closed:
             raise StateError("This DataLoader stream is closed; iterate the DataLoader again.")
-        item = self._get(self.out, self.feeder, "batch feeder")
+        if not self.background:
+            try:
+                item = self._assemble(self.steps, self._take_inline)
+            except BaseException:
+                self.close()
+                raise
+        else:
+            item = self._get(self.out, self.feeder, "batch feeder")
         if isinstance(item, _Failure):
             self.close()
             error = item.error
@@ -372,6 +409,11 @@ class Stream:
             return
         self.closed = True
         self.stop.set()
+        if not self.background:
+            for producer in self._producers:
+                if producer is not None:
+                    producer.close()
+            return
         threads = [self.feeder] + [w.thread for w in self.workers]
         deadline = _JOIN_S / len(threads)
         for thread in threads:

@@ -315,11 +315,30 @@ def test_prefetching_overlaps_input_and_step():
                     yield np.full(4, i)
         return Slow()
 
+    loader = DataLoader(slow_input_fn, num_steps=12)
+    loader.background = True  # a slow, waiting input pipeline: stream it in a thread
     start = time.monotonic()
-    for _ in DataLoader(slow_input_fn, num_steps=12):
-        time.sleep(0.02)  # the step
+    for _ in loader:
+        time.sleep(0.02)  # a step that blocks the host
     elapsed = time.monotonic() - start
     assert elapsed < 0.75 * (12 * 0.04), elapsed  # the serial sum is 0.48 s
+
+
+def test_one_streamer_reads_in_the_stepping_thread_without_threads():
+    readers = set()
+
+    def input_fn():
+        class Data:
+            def __iter__(self):
+                for i in range(4):
+                    readers.add(threading.current_thread().name)
+                    assert not streaming_threads()
+                    yield np.full(2, i)
+        return Data()
+
+    got = [int(b[0]) for b in DataLoader(input_fn, num_steps=10)]
+    assert got == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert readers == {"MainThread"}
 
 
 def test_two_workers_stream_in_parallel():
