@@ -184,11 +184,28 @@ def test_torch_views_and_grad_tensors_round_trip(tmp_path: Path) -> None:
     _assert_same_tree(loaded, state)
 
 
-def test_overwrite_replaces_previous_checkpoint(tmp_path: Path) -> None:
+def _join_retiring_threads() -> None:
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == "cerebrax-retire":
+            thread.join(10)
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_overwrite_replaces_previous_checkpoint(tmp_path: Path, monkeypatch,
+                                                hard_links: bool) -> None:
+    if not hard_links:  # a file system without hard links: the rename frees the old file
+        def no_link(*args: Any, **kwargs: Any) -> None:
+            raise OSError("hard links not supported")
+        monkeypatch.setattr(os, "link", no_link)
     ckpt.save({"w": np.zeros(2)}, tmp_path / "c.h5")
+    old = ckpt.load(tmp_path / "c.h5")  # lazy: keeps reading the replaced file
     ckpt.save({"w": np.ones(3)}, tmp_path / "c.h5")
     _assert_same_tree(ckpt.load(tmp_path / "c.h5"), {"w": np.ones(3)})
-    assert os.listdir(tmp_path) == ["c.h5"]
+    _join_retiring_threads()
+    assert os.listdir(tmp_path) == ["c.h5"]  # the old file's second link is gone too
+    np.testing.assert_array_equal(np.asarray(old["w"]), np.zeros(2))
 
 
 def test_large_structure_fits(tmp_path: Path) -> None:
