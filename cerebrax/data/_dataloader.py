@@ -2,10 +2,11 @@
 
 Every streaming worker calls ``input_fn`` itself to build its own iterable (a torch
 DataLoader, or any iterable of numpy / torch / JAX batches, nested tuples and dicts
-included), restarting it at the end of each epoch. Background threads convert the
-batches, place them on the backend's device and keep a few ready, so the step does not
-wait for data (see ``_workers``); the sharding helpers of ``cstorch.distributed`` tell
-an ``input_fn`` which worker it runs in (see ``_context``).
+included), restarting it at the end of each epoch. The batches are converted and placed
+on the backend's device while the asynchronous step runs: by worker threads that keep a
+few ready when there are several streaming workers, in the stepping thread when there
+is one (see ``_workers``); the sharding helpers of ``cstorch.distributed`` tell an
+``input_fn`` which worker it runs in (see ``_context``).
 """
 
 from __future__ import annotations
