@@ -1,0 +1,80 @@
+"""``cbtorch.module(m)``: a model whose calls are captured inside a Session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._compile import CompiledModel
+from .._compile import compile as compile_model
+from ..errors import ConfigError
+
+__all__ = ["LegacyModule", "module"]
+
+
+class LegacyModule:
+    """A model prepared for a :class:`~cerebrax.legacy.Session` (``cbtorch.module``).
+
+    It wraps a :class:`cerebrax.CompiledModel` and behaves like the module it wraps:
+    ``parameters()`` (give them to a ``cstorch.optim`` optimizer), ``state_dict()``,
+    ``load_state_dict()``, ``train()``, ``eval()``. Inside an open Session a call
+    returns a :class:`~cerebrax.legacy.LazyTensor` and becomes part of the Session's
+    compiled step; outside one it runs the model right away on the current weights.
+
+    Attributes:
+      compiled: the :class:`cerebrax.CompiledModel` holding the weights.
+    """
+
+    def __init__(self, compiled: CompiledModel):
+        self.compiled = compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ._session import active_session
+
+        session = active_session()
+        if session is None:
+            return self.compiled(*args, **kwargs)
+        return session._record_model_call(self, args, kwargs)
+
+    def train(self, mode: bool = True) -> LegacyModule:
+        self.compiled.train(mode)
+        return self
+
+    def eval(self) -> LegacyModule:
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self.compiled.training
+
+    def __getattr__(self, name: str) -> Any:
+        # parameters, named_parameters, buffers, state_dict, load_state_dict, model, ...
+        if name == "compiled":  # not set yet (e.g. during unpickling)
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
+
+    def __repr__(self) -> str:
+        return f"cbtorch.module({self.compiled!r})"
+
+
+def module(model: Any, backend: Any = None) -> LegacyModule:
+    """Prepares a model for a Session loop (seed 003's ``cbtorch.module(Model())``).
+
+    Args:
+      model: a ``torch.nn.Module`` (converted through the torch bridge), a
+        ``flax.nnx.Module``, a :class:`cerebrax.FunctionalModel`, or an already
+        compiled :class:`cerebrax.CompiledModel`.
+      backend: as in :func:`cerebrax.compile`; None uses the backend that
+        :func:`~cerebrax.legacy.initialize` created, or a CPU one.
+
+    Returns:
+      A :class:`LegacyModule`. Build the optimizer from its ``parameters()`` (or from
+      the original torch module's).
+
+    Example:
+      >>> model = cbtorch.module(cstorch.FunctionalModel(apply, params))
+      >>> optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    """
+    if isinstance(model, LegacyModule):
+        raise ConfigError("cbtorch.module() got a model that is already wrapped by it.")
+    compiled = model if isinstance(model, CompiledModel) else compile_model(model, backend)
+    return LegacyModule(compiled)
