@@ -12,6 +12,8 @@ from . import ckpt as ckpt
 from . import data as data
 from . import distributed as distributed
 from . import errors as errors
+from . import estimator as estimator
+from . import legacy as legacy
 from . import metrics as metrics
 from . import optim as optim
 from . import schedules as schedules
