@@ -6,7 +6,10 @@ same model, optimizer and data; each of seed 002's rules has a test of its messa
 
 from __future__ import annotations
 
+import ast
 import os
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -364,3 +367,27 @@ def test_public_names():
     assert (ModeKeys.TRAIN, ModeKeys.EVAL) == ("train", "eval")
     for name in ("initialize", "module", "dataloader", "Session", "LazyTensor"):
         assert hasattr(cstorch.legacy, name), name
+
+
+def test_readme_older_scripts_section_runs(capsys):
+    """The README's "Older Cerebras scripts" snippets run as written and learn."""
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("## Older Cerebras scripts", 1)[1].split("\n## ", 1)[0]
+    session_code, estimator_code = re.findall(r"```python\n(.*?)```", section, re.S)
+
+    namespace = {}
+    exec(compile(session_code, "README: Session", "exec"), namespace)
+    epochs = re.findall(r"epoch \d: loss ([\d.]+)", capsys.readouterr().out)
+    assert len(epochs) == 3 and all(float(loss) < 1.0 for loss in epochs)  # chance: 1.39
+    assert namespace["session"].num_compiles == 1
+    x, y = namespace["dataset"].tensors
+    predictions = np.asarray(namespace["model"](x)).argmax(1)  # outside: runs right away
+    assert (predictions == y.numpy()).mean() > 0.9
+
+    cstorch.reset()
+    namespace = {}
+    exec(compile(estimator_code, "README: Estimator", "exec"), namespace)
+    results = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
+    assert results == namespace["estimator"].evaluate(namespace["input_fn"], steps=16)
+    assert results["global_step"] == 100 and results["accuracy"] > 0.9
+    assert os.path.exists("estimator_dir/checkpoint_100.mdl")
