@@ -150,6 +150,13 @@ class Recipe:
         self.nodes.append(node)
         return node
 
+    def skeleton(self) -> Recipe:
+        """The graph of this recipe without this step's inputs and values (kept by the
+        Session to compare later steps with, and to trace from)."""
+        copy = Recipe()
+        copy.nodes = [dataclasses.replace(n, value=None, resolved=False) for n in self.nodes]
+        return copy
+
     def difference(self, other: Recipe) -> str | None:
         """How ``other`` (a later step) differs from this recipe in graph terms, or None."""
         for i, (a, b) in enumerate(zip(self.nodes, other.nodes)):

@@ -278,10 +278,12 @@ class Session:
             difference=difference, boundary=BOUNDARY[self.mode]))
 
     def _new_step(self, recipe: Recipe) -> TracedStep:
-        def session_step(inputs: dict) -> list:
-            return recipe.replay(inputs)
+        graph = recipe.skeleton()  # holds no batch and no output of this step
 
-        self._compiled = recipe
+        def session_step(inputs: dict) -> list:
+            return graph.replay(inputs)
+
+        self._compiled = graph
         self._steps.append(TracedStep(session_step))
         return self._steps[-1]
 
