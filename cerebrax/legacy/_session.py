@@ -25,6 +25,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+
 from .. import _closures
 from ..backend import _backend
 from ..errors import ConfigError, RecompileError, StateError, TensorReadError
@@ -318,7 +320,6 @@ class Session:
 
 
 def _values(tree: Any) -> Any:
-    import jax
-
+    """``tree`` with every lazy value replaced by its materialized value."""
     return jax.tree.map(lambda x: x.value if isinstance(x, LazyTensor) else x, tree,
                         is_leaf=lambda x: isinstance(x, LazyTensor))
