@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _state
 from .errors import StateError
+from .wse._multiprocess import readable
 
 __all__ = ["checkpoint_closure", "step_closure"]
 
@@ -100,8 +101,14 @@ QUEUE = ClosureQueue()
 
 
 def to_host(tree: Any) -> Any:
-    """``tree`` with every JAX array replaced by a numpy array (waits for the values)."""
+    """``tree`` with every JAX array replaced by a numpy array (waits for the values).
+
+    On a mesh that spans processes, a step's closure arguments are replicated and read
+    from this process's devices; an array split over several processes is gathered
+    first, which every process does, since every process runs the same closures.
+    """
     leaves, treedef = jax.tree.flatten(tree)
+    leaves = [readable(x) for x in leaves]
     arrays = [x for x in leaves if isinstance(x, jax.Array)]
     if len(arrays) > 1:
         for x in arrays:

@@ -66,7 +66,7 @@ def _state_device() -> jax.Device:
     from .backend import current_backend
 
     backend = current_backend(raise_exception=False)
-    return backend.device if backend is not None else jax.devices()[0]
+    return backend.device if backend is not None else jax.local_devices()[0]
 
 
 def as_state_leaf(x: Any) -> jax.Array:
@@ -90,7 +90,25 @@ def as_state_leaf(x: Any) -> jax.Array:
         arr = jnp.array(x, copy=True)
         if arr.weak_type:
             arr = jax.lax.convert_element_type(arr, arr.dtype)
+    if not arr.is_fully_addressable:
+        return arr  # already laid out on a mesh that spans processes; it stays there
     return jax.device_put(arr, _state_device())
+
+
+def _readable(value: Any) -> Any:
+    """``value`` with leaves split over several processes gathered (a collective).
+
+    In a multi-process run (``cstorch.distributed.initialize``) a weight-streaming
+    shard lives on devices of several processes; reading it outside a step gathers
+    it, so every process must read the same state in the same order. Replicated and
+    single-process values are returned as they are.
+    """
+    leaves = jax.tree.leaves(value)
+    if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
+        return value
+    from .wse._multiprocess import readable
+
+    return jax.tree.map(readable, value)
 
 
 def _same_structure(old: Any, new: Any) -> str | None:
@@ -148,7 +166,7 @@ class StateRef:
             return ctx.read(self)
         for guard in _READ_GUARDS:
             guard(self)
-        return self._value
+        return _readable(self._value)
 
     @value.setter
     def value(self, new: Any) -> None:

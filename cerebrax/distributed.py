@@ -1,8 +1,12 @@
-"""``cstorch.distributed``: the cluster configuration and the data-sharding helpers.
+"""``cstorch.distributed``: the cluster configuration, the data-sharding helpers, and
+joining a multi-process run.
 
-The helpers answer for the streaming worker that calls them (each worker runs
-``input_fn`` in its own thread): see :class:`cerebrax.data.DataLoader` for the idiom
-that gives every worker its own shard and its own shuffle.
+:func:`initialize` makes one wafer mesh span several processes (hosts) through JAX's
+own multi-process runtime; see :mod:`cerebrax.wse._multiprocess` for how values are
+placed and read then. The data-sharding helpers answer for the streaming worker that
+calls them (each worker runs ``input_fn`` in its own thread): see
+:class:`cerebrax.data.DataLoader` for the idiom that gives every worker its own shard
+and its own shuffle.
 """
 
 from .backend import ClusterConfig as ClusterConfig
@@ -15,3 +19,5 @@ from .data._context import is_streamer as is_streamer
 from .data._context import num_receivers as num_receivers
 from .data._context import num_streamers as num_streamers
 from .data._context import num_tasks as num_tasks
+from .wse._multiprocess import initialize as initialize
+from .wse._multiprocess import shutdown as shutdown

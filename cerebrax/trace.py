@@ -34,6 +34,7 @@ from ._context import deferrable as deferrable
 from ._context import deferrable_function as deferrable_function
 from .backend import _backend
 from .errors import RecompileError, StateError, TensorReadError
+from .wse._multiprocess import put_many
 
 __all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace"]
 
@@ -103,6 +104,7 @@ class TracedStep:
         self._modes: list[tuple[Any, bool]] = []
         self._state_shardings: list | None = None
         self._input_shardings: list | None = None
+        self._spans_processes = False  # the wafer mesh has devices of other processes
 
     # ---- input signature -------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict):
@@ -216,8 +218,15 @@ class TracedStep:
                 layout.input_sharding(jax.ShapeDtypeStruct(shape, dtype), name)
                 for name, (shape, dtype) in zip(names, key[2])
             ]
+            out_shardings = None
+            self._spans_processes = not layout.replicated.is_fully_addressable
+            if self._spans_processes:
+                # The mesh spans processes: outputs and closure arguments come back
+                # replicated, so every process reads them from its own devices.
+                out_shardings = (self._state_shardings, layout.replicated, layout.replicated)
             self._jit = jax.jit(program, donate_argnums=(0,),
-                                in_shardings=(self._state_shardings, self._input_shardings))
+                                in_shardings=(self._state_shardings, self._input_shardings),
+                                out_shardings=out_shardings)
         self.num_compiles += 1
 
     def _finish(self, ctx: TraceContext, old_values: list, out: Any):
@@ -348,10 +357,13 @@ class TracedStep:
         states = [ref._value for ref in self._refs]
         if self._state_shardings is None:
             return states, dynamic
-        states = jax.device_put(states, self._state_shardings)
+        # On a mesh that spans processes, each process copies the slices its devices
+        # hold from the global values it was given (cerebrax.wse._multiprocess).
+        put = put_many if self._spans_processes else jax.device_put
+        states = put(states, self._state_shardings)
         for ref, value in zip(self._refs, states):
             ref._value = value
-        return states, jax.device_put(dynamic, self._input_shardings)
+        return states, put(dynamic, self._input_shardings)
 
 
 def _write_artifacts(directory: str, name: str, lowered, compiled, seconds: float) -> None:

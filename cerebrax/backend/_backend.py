@@ -53,7 +53,9 @@ class Backend:
 
     Attributes:
       backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"``.
-      device: the JAX device that holds state and runs steps.
+      device: the JAX device that holds state and runs steps (on a wafer mesh, the first
+        mesh device of this process: state starts there and is laid out on the mesh
+        by the first step).
       cluster_config: the :class:`ClusterConfig` of a CSX backend, else None.
       artifact_dir: where compile artifacts and executor logs are written.
       compile_dir: where ``compile_only`` artifacts are written.
@@ -101,7 +103,7 @@ class Backend:
             self.wafer = build_wafer(cluster_config)
             if self.wafer is not None:
                 self.layout = Layout(self.wafer)
-                self.device = self.wafer.mesh.devices.flat[0]
+                self.device = _local_mesh_device(self.wafer)
 
     @property
     def is_csx(self) -> bool:
@@ -117,17 +119,45 @@ class Backend:
 
 
 def _default_device(backend_type: str) -> jax.Device:
+    # This process's own device: in a multi-process run jax.devices() starts with
+    # process 0's devices, which the other processes cannot hold values on.
     if backend_type == "CPU":
-        return jax.devices("cpu")[0]
+        return jax.local_devices(backend="cpu")[0]
     if backend_type == "GPU":
         try:
-            return jax.devices("gpu")[0]
+            return jax.local_devices(backend="gpu")[0]
         except RuntimeError as e:
             raise ConfigError(
                 "backend('GPU') found no GPU visible to JAX. Install a CUDA build of "
                 "jaxlib, or use backend('CPU')."
             ) from e
-    return jax.devices()[0]
+    return jax.local_devices()[0]
+
+
+MSG_PROCESS_LEFT_OUT = """\
+The {wafer!r} mesh of ClusterConfig(execution_mode={mode!r}, num_csx={csx}, ...) uses
+{size} of the {total} devices of this {n}-process run and leaves out process(es) {left}:
+every process must hold part of the mesh. Fix: ask for all {total} devices (e.g. with
+num_csx={csx}, num_replicas or max_wgt_servers = {hint}), or start fewer processes."""
+
+
+def _local_mesh_device(wafer: Any) -> jax.Device:
+    """The first mesh device this process owns (the home of state before placement).
+
+    Raises:
+      ConfigError: (on every process) the mesh leaves out a process of the run.
+    """
+    from ..wse._multiprocess import local_device
+
+    devices = list(wafer.mesh.devices.flat)
+    left = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})
+    if left:
+        raise ConfigError(MSG_PROCESS_LEFT_OUT.format(
+            wafer=wafer, mode=wafer.mode, csx=wafer.num_csx, size=wafer.size,
+            total=jax.device_count(), n=jax.process_count(), left=left,
+            hint=jax.device_count() // wafer.num_csx,
+        ))
+    return local_device(devices)
 
 
 def _check_type(backend_type: Any) -> str:

@@ -78,10 +78,16 @@ def to_host(batch: Any) -> Any:
 
 
 def place(batch: Any, placement: Any) -> Any:
-    """``batch`` with every array leaf put on ``placement`` (a device or a sharding)."""
+    """``batch`` with every array leaf put on ``placement`` (a device or a sharding).
+
+    On a mesh that spans processes each process copies only its own devices' slices
+    of the global batch, and no collective runs (placement may run in a data thread).
+    """
+    from ..wse._multiprocess import put_many
+
     leaves, treedef = jax.tree.flatten(batch)
     where = [i for i, x in enumerate(leaves) if _is_array(x)]
-    placed = jax.device_put([leaves[i] for i in where], placement)
+    placed = put_many([leaves[i] for i in where], placement)
     for i, x in zip(where, placed):
         leaves[i] = x
     return jax.tree.unflatten(treedef, leaves)

@@ -1,0 +1,246 @@
+"""The wafer mesh across processes: starting JAX's multi-process runtime, placing and
+reading values when each process owns only some of the mesh's devices.
+
+:func:`initialize` (``cstorch.distributed.initialize``) joins this process to JAX's own
+multi-process runtime (``jax.distributed.initialize``; CPU devices talk through gloo).
+Afterwards ``jax.devices()`` lists the devices of every process, a CSX backend builds
+its mesh over them, and an array laid out on that mesh is only partly held by each
+process. The rules cerebrax follows (every process runs the same script):
+
+- Placing: a host value (numpy, a Python number, an array on one local device) is the
+  GLOBAL value, identical on every process. Each process copies only the slices that
+  its own devices hold (``jax.make_array_from_callback``); nothing is sent between
+  processes and no collective runs, so placement is safe from data-loading threads.
+  An array already laid out on the target sharding is used as it is.
+- Reading: a value replicated over the mesh is read from this process's own copy. A
+  value split over devices of several processes is first gathered (a small program
+  that every process runs, in the same order; reading one on a single process hangs).
+
+In a single process every sharding is fully addressable and these functions are
+``jax.device_put`` and the identity.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, Sharding
+from jax.sharding import PartitionSpec as P
+
+from ..errors import BackendError, ConfigError
+
+__all__ = [
+    "initialize",
+    "is_multiprocess",
+    "local_device",
+    "put",
+    "put_many",
+    "readable",
+    "shutdown",
+]
+
+MSG_TOO_LATE = """\
+cstorch.distributed.initialize() must run before JAX starts its devices, but {what}.
+Call it first thing in the script, right after the imports: before cstorch.backend(),
+before building the model, before any JAX computation (even jax.devices()):
+
+    import cerebrax as cstorch
+    cstorch.distributed.initialize("10.0.0.1:1234", num_processes=2, process_id=RANK)
+    backend = cstorch.backend("CSX", cluster_config=...)"""
+
+MSG_CONNECT = """\
+cstorch.distributed.initialize({address!r}, num_processes={n}, process_id={rank}) could
+not join the other processes: {error}
+Fix: start all {n} processes within initialization_timeout seconds, each with the same
+coordinator_address and num_processes and its own process_id in 0..{last}; process 0
+listens on the address's port, which must be free there and reachable from the others."""
+
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:]+\]|[^:\s]+):(\d{1,5})$")
+
+
+# ---- starting ---------------------------------------------------------------------------
+def initialize(
+    coordinator_address: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    local_device_ids: Sequence[int] | None = None,
+    cpu_collectives: str = "gloo",
+    initialization_timeout: int = 300,
+    heartbeat_timeout_seconds: int = 100,
+) -> None:
+    """Joins this process to a multi-process run, so that one wafer mesh spans them all.
+
+    Every process of the run calls this once, before anything else touches JAX, with
+    the same ``coordinator_address`` and ``num_processes`` and its own ``process_id``.
+    It starts JAX's own multi-process runtime (``jax.distributed.initialize``) with
+    ``cpu_collectives`` for the collectives between CPU devices of different processes
+    (GPUs and TPUs use their own). Afterwards a CSX backend whose ``ClusterConfig``
+    asks for the devices of all processes (e.g. 2 processes x 4 devices and
+    ``num_replicas=8``) lays its mesh over all of them.
+
+    Every process then runs the same script: it passes the same GLOBAL batch to each
+    step (each process copies only the rows its devices hold), step closures run on
+    every process with the same values, and reading a value split over several
+    processes (``model.state_dict()`` in weight streaming) is a collective that every
+    process must make. Write files on one process only (``jax.process_index() == 0``).
+
+    Args:
+      coordinator_address: ``"host:port"`` of process 0, which listens on that port.
+      num_processes: how many processes take part.
+      process_id: this process's rank, ``0 <= process_id < num_processes``.
+      local_device_ids: restricts this process to these local devices (accelerators).
+      cpu_collectives: ``"gloo"`` (built in) or ``"mpi"`` (needs an MPI library).
+      initialization_timeout: seconds to wait for all processes to join.
+      heartbeat_timeout_seconds: seconds of silence after which a process counts as dead.
+
+    Raises:
+      ConfigError: an argument is invalid.
+      BackendError: JAX has started already, this was called twice, or the processes
+        could not join.
+
+    Example:
+      >>> cstorch.distributed.initialize("localhost:4321", num_processes=2,
+      ...                                process_id=rank)  # doctest: +SKIP
+    """
+    _check_arguments(coordinator_address, num_processes, process_id, cpu_collectives)
+    if jax.distributed.is_initialized():
+        raise BackendError(
+            "cstorch.distributed.initialize() was already called in this process; it "
+            "joins the run once. Remove the second call."
+        )
+    _check_not_started()
+    jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    try:
+        jax.distributed.initialize(
+            coordinator_address, num_processes, process_id,
+            local_device_ids=local_device_ids,
+            initialization_timeout=initialization_timeout,
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+        )
+    except Exception as e:  # the runtime's own errors: XlaRuntimeError, RuntimeError
+        raise BackendError(MSG_CONNECT.format(
+            address=coordinator_address, n=num_processes, rank=process_id,
+            last=num_processes - 1, error=str(e).strip().splitlines()[0] if str(e) else e,
+        )) from e
+
+
+def shutdown() -> None:
+    """Leaves the multi-process run (waits for the other processes to leave too).
+
+    Called at exit by itself; nothing happens when the run was not initialized.
+    """
+    jax.distributed.shutdown()
+
+
+def _check_arguments(address: Any, n: Any, rank: Any, collectives: Any) -> None:
+    if not isinstance(address, str) or not _ADDRESS.match(address):
+        raise ConfigError(
+            f"coordinator_address must be 'host:port' (e.g. 'localhost:4321' or "
+            f"'10.0.0.1:4321'), got {address!r}."
+        )
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"num_processes must be an integer >= 1, got {n!r}.")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+        raise ConfigError(
+            f"process_id must be an integer in 0..{n - 1} (num_processes={n}), got "
+            f"{rank!r}. Give every process its own rank."
+        )
+    if collectives not in ("gloo", "mpi"):
+        raise ConfigError(
+            f"cpu_collectives must be 'gloo' or 'mpi', got {collectives!r}."
+        )
+
+
+def _check_not_started() -> None:
+    from ..backend import _backend
+
+    if _backend._CURRENT:
+        raise BackendError(MSG_TOO_LATE.format(
+            what=f"a {_backend._CURRENT[0].backend_type} backend exists already"))
+    # JAX's own test (the public initialize raises a RuntimeError for the same case).
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise BackendError(MSG_TOO_LATE.format(
+            what="JAX's devices are already in use in this process"))
+
+
+# ---- placing and reading ----------------------------------------------------------------
+
+
+def is_multiprocess() -> bool:
+    """Whether this JAX runtime spans several processes (starts JAX's backends)."""
+    return jax.process_count() > 1
+
+
+def local_device(devices: Sequence[jax.Device]) -> jax.Device:
+    """The first of ``devices`` that this process owns."""
+    me = jax.process_index()
+    for device in devices:
+        if device.process_index == me:
+            return device
+    raise ValueError(f"process {me} owns none of the devices {list(devices)}")
+
+
+def put(value: Any, sharding: Sharding) -> Any:
+    """``value`` (the same global value on every process) laid out on ``sharding``."""
+    if isinstance(value, jax.Array) and value.sharding == sharding:
+        return value
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        return jax.device_put(value, sharding)  # a reshard among the same devices
+    if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype,
+                                                              jax.dtypes.prng_key):
+        # The key data has extra trailing dimensions, which the spec leaves unsplit.
+        data = put(jax.random.key_data(value), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(value))
+    # Host sync point for arrays on a local device: their value is copied to the host
+    # once, then each local device receives its slice.
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def put_many(values: list, placement: Any) -> list:
+    """``put`` for a list of values on one sharding or a matching list of shardings.
+
+    A device (or None) or a fully addressable placement goes through one
+    ``jax.device_put``, as in a single process.
+    """
+    if not isinstance(placement, (list, tuple)):
+        if _addressable(placement):
+            return jax.device_put(values, placement)
+        return [jax.tree.map(lambda v: put(v, placement), v) for v in values]
+    if all(_addressable(p) for p in jax.tree.leaves(placement)):
+        return jax.device_put(values, list(placement))
+    return [jax.tree.map(put, v, p) for v, p in zip(values, placement)]
+
+
+def readable(value: Any) -> Any:
+    """``value``, gathered first if it is split over devices of several processes.
+
+    Every process must make the same call (the gather is a collective program).
+    """
+    if (not isinstance(value, jax.Array) or value.is_fully_addressable
+            or value.sharding.is_fully_replicated):
+        return value
+    if not isinstance(value.sharding, NamedSharding):
+        return multihost_utils.process_allgather(value, tiled=True)
+    return _gather(NamedSharding(value.sharding.mesh, P()))(value)
+
+
+def _addressable(placement: Any) -> bool:
+    return (placement is None or isinstance(placement, jax.Device)
+            or placement.is_fully_addressable)
+
+
+@functools.lru_cache(maxsize=64)
+def _gather(replicated: Sharding):
+    return jax.jit(lambda x: x, out_shardings=replicated)
