@@ -9,6 +9,11 @@ batches -- checks the batch size, places the batch on the device and puts it int
 output queue that the step reads. Every queue holds ``prefetch`` batches, so the step
 does not wait for data that is ready, and the order never depends on thread timing.
 
+Inline. A stream made with ``background=False`` (the default for a single streaming
+rank) starts no thread: :meth:`Stream.next` runs the same worker generator, checks and
+placement in the calling thread. The traced step runs asynchronously, so the next batch
+is read while the device computes, and no thread contends for the interpreter.
+
 Failures. Every thread catches what its code raises and sends it down its queue in
 place of its next batch, so the step sees the error exactly where that batch would
 have been, with the worker's traceback. Every blocking put and get polls a stop event,
@@ -86,11 +91,25 @@ def place(batch: Any, placement: Any) -> Any:
     from ..wse._multiprocess import put_many
 
     leaves, treedef = jax.tree.flatten(batch)
-    where = [i for i, x in enumerate(leaves) if _is_array(x)]
+    where = [i for i, x in enumerate(leaves) if _is_array(x) and not _on(x, placement)]
+    if not where:
+        return batch  # already where it belongs: batches pre-placed by the user
     placed = put_many([leaves[i] for i in where], placement)
     for i, x in zip(where, placed):
         leaves[i] = x
     return jax.tree.unflatten(treedef, leaves)
+
+
+def _on(x: Any, placement: Any) -> bool:
+    """Whether ``x`` is a JAX array that already lives on ``placement``."""
+    if not isinstance(x, jax.Array):
+        return False
+    if placement is None:
+        return True
+    if isinstance(placement, jax.Device):
+        devices = x.sharding.device_set
+        return len(devices) == 1 and placement in devices
+    return x.sharding == placement
 
 
 def _rows(batch: Any) -> int:
