@@ -28,6 +28,17 @@ from .errors import ConfigError, StateError
 __all__ = ["CompiledModel", "FunctionalModel", "ModelAdapter", "compile",
            "register_model_adapter"]
 
+MSG_NO_LAYERS = """\
+ClusterConfig(execution_mode="pipeline") splits the model into stages between its
+layers, but this {kind} gives no layers to split. Fix, by kind of model:
+  - torch.nn.Module: layers are found from its child modules (blocks.0, fc1, ...);
+  - cstorch.FunctionalModel: pass the model as layers, e.g.
+        FunctionalModel(layers={{"fc1": (dense, p1), "fc2": (dense, p2)}})
+    instead of FunctionalModel(apply_fn, params);
+  - flax nnx: use nnx.Sequential(...) or a module whose `layers` list it applies in
+    order;
+or use execution_mode="replica" or "weight_streaming" for this model."""
+
 IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
@@ -80,6 +91,16 @@ class ModelAdapter(abc.ABC):
     def attach(self, compiled: CompiledModel) -> None:
         """Called once the compiled model exists (e.g. to hook the original model)."""
 
+    def pipeline_layers(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
+                        train: bool) -> Any:
+        """The model's layers for pipeline mode (a :class:`cerebrax.wse.Layers`).
+
+        ``args`` and ``kwargs`` look like one micro-batch's inputs (array leaves may be
+        ``jax.ShapeDtypeStruct``). None (the default) means the model has no layers to
+        split; pipeline mode then raises a :class:`ConfigError` naming the fix.
+        """
+        return None
+
 
 def _flatten_named(tree: Any) -> tuple[dict[str, Any], Any]:
     pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -94,7 +115,7 @@ def _flatten_named(tree: Any) -> tuple[dict[str, Any], Any]:
 
 
 class FunctionalModel:
-    """A model given as a pure function and its parameters.
+    """A model given as a pure function and its parameters, or as a list of layers.
 
     Args:
       apply_fn: without buffers ``apply_fn(params, *inputs) -> outputs``; with buffers
@@ -103,19 +124,70 @@ class FunctionalModel:
         a fresh PRNG key on every call (dropout and other random ops).
       params: a pytree of arrays (nested dicts give dotted state-dict names).
       buffers: a pytree of non-trainable arrays (e.g. BatchNorm statistics), or None.
+      layers: instead of the three above, the model as a sequence of layers: a list of
+        layers (named ``"0"``, ``"1"``, ...) or a dict ``{name: layer}``, where a layer
+        is a ``FunctionalModel`` or a tuple ``(apply_fn, params)`` /
+        ``(apply_fn, params, buffers)`` with the conventions above. The first layer
+        receives the model's inputs, every later layer the previous layer's output (one
+        positional argument); a layer that takes ``key`` gets ``fold_in(key, index)``.
+        State-dict names are ``"{layer name}.{name in its params}"``. Pipeline mode
+        (``ClusterConfig(execution_mode="pipeline")``) splits the model into stages
+        between layers; every mode runs such a model unchanged.
 
     Example:
       >>> def apply(params, x):
       ...     return x @ params["w"] + params["b"]
       >>> model = FunctionalModel(apply, {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)})
+      >>> dense = lambda p, x: jnp.tanh(x @ p["w"])
+      >>> deep = FunctionalModel(layers={"fc1": (dense, {"w": jnp.zeros((3, 4))}),
+      ...                                "fc2": (dense, {"w": jnp.zeros((4, 2))})})
     """
 
-    def __init__(self, apply_fn: Callable[..., Any], params: Any, buffers: Any = None):
+    def __init__(self, apply_fn: Callable[..., Any] | None = None, params: Any = None,
+                 buffers: Any = None, *, layers: Any = None):
+        self.layers: list[tuple[str, FunctionalModel]] | None = None
+        if layers is not None:
+            if apply_fn is not None or params is not None or buffers is not None:
+                raise ConfigError(
+                    "FunctionalModel takes either apply_fn and params, or layers=, not both. "
+                    "Fix: move the whole model into layers, or drop layers=."
+                )
+            self.layers = _named_layers(layers)
+            self.apply_fn = None
+            self.params = {name: la.params for name, la in self.layers}
+            with_buffers = {name: la.buffers for name, la in self.layers
+                            if la.buffers is not None}
+            self.buffers = with_buffers or None
+            return
         if not callable(apply_fn):
             raise ConfigError(f"FunctionalModel(apply_fn=...) must be callable, got {apply_fn!r}.")
         self.apply_fn = apply_fn
         self.params = params
         self.buffers = buffers
+
+
+def _named_layers(layers: Any) -> list[tuple[str, FunctionalModel]]:
+    items = list(layers.items()) if isinstance(layers, Mapping) else [
+        (str(i), layer) for i, layer in enumerate(layers)]
+    if not items:
+        raise ConfigError("FunctionalModel(layers=...) got no layers.")
+    named = []
+    for name, layer in items:
+        if isinstance(layer, tuple) and 2 <= len(layer) <= 3:
+            layer = FunctionalModel(*layer)
+        if not isinstance(layer, FunctionalModel) or layer.layers is not None:
+            raise ConfigError(
+                f"FunctionalModel(layers=...): layer {name!r} must be (apply_fn, params), "
+                f"(apply_fn, params, buffers) or a FunctionalModel without layers, got "
+                f"{type(layer).__name__}."
+            )
+        if not isinstance(name, str) or not name or "." in name:
+            raise ConfigError(
+                f"FunctionalModel(layers=...): layer names are non-empty strings without "
+                f"dots, got {name!r}."
+            )
+        named.append((name, layer))
+    return named
 
 
 class _FunctionalAdapter(ModelAdapter):
@@ -126,6 +198,14 @@ class _FunctionalAdapter(ModelAdapter):
             self._buffers, self._buffers_def = {}, None
         else:
             self._buffers, self._buffers_def = _flatten_named(model.buffers)
+        self._layers = None
+        if model.layers is not None:
+            from .wse._layers import functional_layer_fns
+
+            self._layers = functional_layer_fns(model.layers)
+            self._takes_train = False
+            self.needs_key = any(layer.needs_key for layer in self._layers)
+            return
         try:
             accepted = inspect.signature(model.apply_fn).parameters
         except (TypeError, ValueError):
@@ -139,7 +219,19 @@ class _FunctionalAdapter(ModelAdapter):
     def buffers(self) -> dict[str, Any]:
         return self._buffers
 
+    def pipeline_layers(self, params, buffers, args, kwargs, *, train):
+        if self._layers is None:
+            return None
+        from .wse._layers import sequential_layers
+
+        return sequential_layers(self._layers, train=train)
+
     def apply(self, params, buffers, args, kwargs, *, train, key):
+        if self._layers is not None:
+            from .wse._layers import run_sequential
+
+            return run_sequential(self._layers, params, buffers, args, kwargs,
+                                  train=train, key=key)
         extra = dict(kwargs)
         if self._takes_train:
             extra["train"] = train
@@ -173,6 +265,14 @@ class _NnxAdapter(ModelAdapter):
         self._params, self._params_def = _flatten_named(params)
         self._buffers, self._buffers_def = _flatten_named(rest)
         self.initially_training = was_training
+        # The layers for pipeline mode are split here, outside any trace (nnx modules
+        # cannot switch modes inside one); a module without layers fails only if used.
+        from .wse._layers import nnx_layer_fns
+
+        try:
+            self._layer_fns = nnx_layer_fns(module, list(self._params), list(self._buffers))
+        except ConfigError as e:
+            self._layer_fns, self._layer_error = None, e
 
     def params(self) -> dict[str, Any]:
         return self._params
@@ -189,6 +289,13 @@ class _NnxAdapter(ModelAdapter):
         _, _, new_b = nnx.split(module, nnx.Param, ...)
         new_named, _ = _flatten_named(new_b)
         return out, new_named
+
+    def pipeline_layers(self, params, buffers, args, kwargs, *, train):
+        from .wse._layers import sequential_layers
+
+        if self._layer_fns is None:
+            raise self._layer_error
+        return sequential_layers(self._layer_fns, train=train)
 
 
 def _nnx_is_training(module: Any) -> bool:
@@ -407,13 +514,32 @@ class CompiledModel:
         if dtype is not None:
             params, buffers = cast_floating(params, dtype), cast_floating(buffers, dtype)
             args, kwargs = cast_floating((args, kwargs), dtype)
-        out, new_buffers = self._adapter.apply(params, buffers, args, kwargs, train=train, key=key)
+        wafer = getattr(self.backend, "wafer", None)
+        if wafer is not None and wafer.mode == "pipeline":
+            out, new_buffers = self._pipelined(wafer, params, buffers, args, kwargs, train, key)
+        else:
+            out, new_buffers = self._adapter.apply(params, buffers, args, kwargs, train=train,
+                                                   key=key)
         if dtype is not None:
             out = cast_floating(out, jnp.float32)
             new_buffers = {
                 n: v.astype(self._buffers[n]._value.dtype) for n, v in new_buffers.items()
             }
         return out, new_buffers
+
+    def _pipelined(self, wafer, params, buffers, args, kwargs, train, key):
+        """The model call as a GPipe schedule over the wafer's stages (cerebrax.wse)."""
+        from .wse._pipeline import pipelined_apply
+
+        def layers_for(micro_args: tuple, micro_kwargs: dict) -> Any:
+            layers = self._adapter.pipeline_layers(params, buffers, micro_args, micro_kwargs,
+                                                   train=train)
+            if layers is None:
+                raise ConfigError(MSG_NO_LAYERS.format(kind=type(self.model).__name__))
+            return layers
+
+        return pipelined_apply(layers_for, wafer, wafer.micro_batch_size, params, buffers,
+                               args, kwargs, key=key)
 
     def _call_eagerly(self, args: tuple, kwargs: dict) -> Any:
         """A forward outside a traced step: a jitted call on the current values."""
@@ -427,11 +553,17 @@ class CompiledModel:
         if self._rng is not None:
             key, new = jax.random.split(self._rng.value)
             self._rng.value = new
-        out, new_buffers = fn(
-            {n: p.value for n, p in self._params.items()},
-            {n: b.value for n, b in self._buffers.items()},
-            key, args, kwargs,
-        )
+        params = {n: p.value for n, p in self._params.items()}
+        buffers = {n: b.value for n, b in self._buffers.items()}
+        layout = getattr(self.backend, "layout", None)
+        if layout is not None:
+            # On a wafer mesh every value of the call lives on the mesh (state in its
+            # layout, which a traced step may have placed already; inputs replicated).
+            params, buffers = layout.place_state(params), layout.place_state(buffers)
+            args, kwargs = jax.tree.map(
+                lambda x: jax.device_put(x, layout.replicated)
+                if isinstance(x, (jax.Array, np.ndarray)) else x, (args, kwargs))
+        out, new_buffers = fn(params, buffers, key, args, kwargs)
         for name, value in new_buffers.items():
             self._buffers[name].value = value
         return out

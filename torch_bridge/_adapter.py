@@ -8,11 +8,15 @@ from typing import Any
 
 import jax
 import torch
+import torch.utils._pytree as pytree
 
 from cerebrax._compile import ModelAdapter
 from cerebrax.errors import ConfigError
+from cerebrax.wse import Layers, Stage
 
 from ._convert import Converted
+from ._dtypes import is_array, to_jax
+from ._program import Program
 
 __all__ = ["TorchModelAdapter", "model_adapter"]
 
@@ -79,6 +83,10 @@ class TorchModelAdapter(ModelAdapter):
 
     def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *, train: bool,
               key: jax.Array | None) -> tuple[Any, dict]:
+        self._program(args, kwargs, train, key)
+        return self.converted.run(params, buffers, args, kwargs, train=train, key=key)
+
+    def _program(self, args: tuple, kwargs: dict, train: bool, key: Any) -> Program:
         program = self.converted.program(args, kwargs, train=train)
         if program.needs_key and key is None:
             raise ConfigError(
@@ -87,7 +95,39 @@ class TorchModelAdapter(ModelAdapter):
                 "source did not show them, so no PRNG key was set up. Build the adapter "
                 "with torch_bridge.model_adapter(module, needs_key=True)."
             )
-        return self.converted.run(params, buffers, args, kwargs, train=train, key=key)
+        return program
+
+    def pipeline_layers(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
+                        train: bool) -> Layers:
+        """The exported graph's layers (child modules such as ``blocks.0``), in order.
+
+        A stage's carry is every value its layers (or earlier ones) computed that a
+        later stage or the module's outputs still read, e.g. a residual stream and an
+        attention mask; parameters are read where they are used, so a tied weight
+        used by two stages is in both and its gradient is the sum of the two uses.
+        Each layer's cost is the number of parameter elements it reads plus its node
+        count.
+        """
+        program = self.converted.program(args, kwargs, train=train)
+        units = program.layers()
+        nodes = [n for _, n in units]
+
+        def stage(lo: int, hi: int) -> Stage:
+            part = program.stage(nodes, lo, hi)
+
+            def fn(p, b, carry, a, kw, key):
+                leaves, _ = pytree.tree_flatten((tuple(a), dict(kw)))
+                inputs = [to_jax(x) if is_array(x) else x for x in leaves]
+                out, mutated = part.run(p, b, carry, inputs, key)
+                mutated = {n: v.astype(b[n].dtype) for n, v in mutated.items()}
+                if part.last:
+                    out = pytree.tree_unflatten(out, program.out_spec)
+                return out, mutated
+
+            return Stage(fn, part.params, part.buffers)
+
+        return Layers([name for name, _ in units], [program.layer_cost(n) for n in nodes],
+                      stage)
 
     def parameter_aliases(self) -> dict[int, str]:
         return {id(p): self.converted.aliases[name]

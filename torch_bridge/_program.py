@@ -21,7 +21,7 @@ from cerebrax.errors import UnsupportedOpError
 from . import _registry
 from ._dtypes import jax_dtype, to_jax
 
-__all__ = ["Program"]
+__all__ = ["Program", "ProgramStage", "layer_path"]
 
 # Python functions that may appear in an exported graph (shape arithmetic, tuple access).
 _PYTHON_OPS = {
@@ -130,7 +130,20 @@ class Program:
     ) -> tuple[list, dict[str, Any]]:
         """Runs the graph. Returns (flat user outputs, {buffer name: new value})."""
         env: dict[torch.fx.Node, Any] = {}
-        for node, kind, ref in self._inputs:
+        self._bind(env, self._inputs, params, buffers, inputs)
+        self._execute(self.nodes, env, key)
+        results = map_arg(self._output_node.args[0], env.__getitem__)
+        user, mutated = [], {}
+        for (kind, target), value in zip(self._outputs, results):
+            if kind == OutputKind.USER_OUTPUT:
+                user.append(value)
+            elif kind == OutputKind.BUFFER_MUTATION:
+                mutated[target] = value
+            # USER_INPUT_MUTATION: JAX arrays are immutable; the caller keeps its input.
+        return user, mutated
+
+    def _bind(self, env: dict, specs: list, params: dict, buffers: dict, inputs: list) -> None:
+        for node, kind, ref in specs:
             if kind == "param":
                 env[node] = params[ref]
             elif kind == "buffer":
@@ -139,12 +152,15 @@ class Program:
                 env[node] = ref
             else:
                 env[node] = inputs[ref]
+
+    def _execute(self, nodes: list[torch.fx.Node], env: dict, key: jax.Array | None) -> None:
         keys = None
-        if self.random_nodes:
+        if any(n in self._random_index for n in nodes):
             if key is None:
                 raise _missing_key_error(self.random_nodes)
+            # Every random node keeps its own split of the key, whichever nodes run.
             keys = jax.random.split(key, len(self.random_nodes))
-        for node in self.nodes:
+        for node in nodes:
             args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
             entry = _registry.lookup(node.target)
             if entry is None:  # a Python function (shape arithmetic, getitem)
@@ -160,15 +176,110 @@ class Program:
                            f"{module_path(node)})")
                 raise
             env[node] = _conform(out, node.meta.get("val"), node)
-        results = map_arg(self._output_node.args[0], env.__getitem__)
-        user, mutated = [], {}
-        for (kind, target), value in zip(self._outputs, results):
-            if kind == OutputKind.USER_OUTPUT:
-                user.append(value)
-            elif kind == OutputKind.BUFFER_MUTATION:
-                mutated[target] = value
-            # USER_INPUT_MUTATION: JAX arrays are immutable; the caller keeps its input.
+
+    # ---- pipeline stages --------------------------------------------------------------
+    def layers(self) -> list[tuple[str, list[torch.fx.Node]]]:
+        """The graph's nodes cut into layers, in order: ``[(layer path, nodes), ...]``.
+
+        A layer is a run of consecutive nodes under the same child module (the first
+        module below the root that is not a container: ``blocks.0``, ``fc1``); nodes of
+        the root module's own forward form layers named ``"<root>"``.
+        """
+        units: list[tuple[str, list[torch.fx.Node]]] = []
+        for node in self.nodes:
+            name = layer_path(node) or "<root>"
+            if units and units[-1][0] == name:
+                units[-1][1].append(node)
+            else:
+                units.append((name, [node]))
+        return units
+
+    def stage(self, units: list[list[torch.fx.Node]], lo: int, hi: int) -> ProgramStage:
+        """The nodes of layers ``lo..hi-1`` as one runnable stage (see ProgramStage)."""
+        return ProgramStage(self, units, lo, hi)
+
+    def layer_cost(self, nodes: list[torch.fx.Node]) -> int:
+        """Parameter elements a layer reads (each tied copy counted) plus its node count."""
+        used = {a for n in nodes for a in n.all_input_nodes}
+        size = 0
+        for node, kind, _ in self._inputs:
+            if kind == "param" and node in used:
+                size += math.prod(node.meta["val"].shape)
+        return size + len(nodes)
+
+
+class ProgramStage:
+    """Layers ``lo..hi-1`` of a :class:`Program`, runnable on their own.
+
+    The stage reads the graph's parameters, buffers, constants and user inputs that its
+    nodes use, plus ``carry_in``: the values that earlier layers produced and this or a
+    later stage (or the graph's outputs) still needs. It returns ``carry_out`` (the same
+    for the next stage) or, for the last stage, the graph's flat user outputs, and the
+    buffers its nodes update.
+    """
+
+    def __init__(self, program: Program, units: list[list[torch.fx.Node]], lo: int, hi: int):
+        self.program = program
+        self.last = hi == len(units)
+        where = {node: i for i, nodes in enumerate(units) for node in nodes}
+        end = len(units)  # the graph's user outputs count as used after the last layer
+        last_use: dict[torch.fx.Node, int] = {}
+        for node in where:
+            for user in node.users:
+                if user is not program._output_node:
+                    last_use[node] = max(last_use.get(node, -1), where[user])
+        outputs = program._output_node.args[0]
+        for (kind, _), value in zip(program._outputs, outputs):
+            if kind == OutputKind.USER_OUTPUT and isinstance(value, torch.fx.Node):
+                last_use[value] = end
+        ordered = list(where)
+
+        def live(cut: int) -> list[torch.fx.Node]:
+            return [n for n in ordered if where[n] < cut <= last_use.get(n, -1)]
+
+        self.carry_in = live(lo) if lo > 0 else []
+        self.carry_out = [] if self.last else live(hi)
+        self.nodes = [n for nodes in units[lo:hi] for n in nodes]
+        used = {a for n in self.nodes for a in n.all_input_nodes}
+        self._mutations = [
+            (target, value) for (kind, target), value in zip(program._outputs, outputs)
+            if kind == OutputKind.BUFFER_MUTATION and where.get(value, -1) in range(lo, hi)
+        ]
+        if self.last:
+            used.update(a for a in outputs if isinstance(a, torch.fx.Node))
+        self._inputs = [spec for spec in program._inputs if spec[0] in used]
+        self.params = tuple(dict.fromkeys(r for _, k, r in self._inputs if k == "param"))
+        self.buffers = tuple(dict.fromkeys(
+            [r for _, k, r in self._inputs if k == "buffer"] + [t for t, _ in self._mutations]))
+
+    def run(self, params: dict, buffers: dict, carry: Any, inputs: list,
+            key: jax.Array | None) -> tuple[Any, dict[str, Any]]:
+        """Returns ``(carry_out | flat user outputs, {buffer name: new value})``."""
+        env: dict[torch.fx.Node, Any] = dict(zip(self.carry_in, carry or ()))
+        self.program._bind(env, self._inputs, params, buffers, inputs)
+        self.program._execute(self.nodes, env, key)
+        mutated = {target: env[value] for target, value in self._mutations}
+        if not self.last:
+            return tuple(env[n] for n in self.carry_out), mutated
+        outputs = map_arg(self.program._output_node.args[0], env.__getitem__)
+        user = [v for (kind, _), v in zip(self.program._outputs, outputs)
+                if kind == OutputKind.USER_OUTPUT]
         return user, mutated
+
+
+_CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}
+
+
+def layer_path(node: torch.fx.Node) -> str | None:
+    """The layer ``node`` belongs to: the first module below the root that is not a
+    container (``Sequential``, ``ModuleList``, ``ModuleDict``); None for the root's
+    own forward."""
+    for path, cls in (node.meta.get("nn_module_stack") or {}).values():
+        name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
+        if path and not (name.startswith("torch.nn.modules.container.")
+                         and name.rsplit(".", 1)[-1] in _CONTAINERS):
+            return path
+    return None
 
 
 def _missing_key_error(nodes: list[torch.fx.Node]):

@@ -2,13 +2,18 @@
 
 ``num_csx`` systems form the outer, data-parallel mesh axis ``"csx"``. Inside a system
 the execution mode picks the inner axis: ``"replica"`` (``num_replicas`` data-parallel
-copies of the model) or ``"wgt"`` (``max_wgt_servers`` weight servers that hold the
-parameters and optimizer state sharded). The traced step is jitted with the layout's
-shardings and XLA's SPMD partitioner inserts the collectives.
+copies of the model), ``"wgt"`` (``max_wgt_servers`` weight servers that hold the
+parameters and optimizer state sharded) or ``"stage"`` (``num_stages`` pipeline stages,
+each holding a contiguous range of the model's layers; see :mod:`._pipeline`). The
+traced step is jitted with the layout's shardings and XLA's SPMD partitioner inserts
+the collectives; pipeline mode runs the model call as a GPipe schedule in
+``jax.shard_map``.
 """
 
 from ._layout import Layout
 from ._memory import MemoryReport, memory_report
 from ._mesh import Wafer, build_wafer
+from ._pipeline import Layers, Stage, pipelined_apply, split_layers
 
-__all__ = ["Layout", "MemoryReport", "Wafer", "build_wafer", "memory_report"]
+__all__ = ["Layers", "Layout", "MemoryReport", "Stage", "Wafer", "build_wafer",
+           "memory_report", "pipelined_apply", "split_layers"]

@@ -20,10 +20,15 @@ _DEFAULT_WGT_SERVERS = ClusterConfig.max_wgt_servers
 
 @dataclasses.dataclass(frozen=True)
 class Wafer:
-    """A mesh ``(num_csx, inner)`` with axes ``("csx", "replica" | "wgt")``."""
+    """A mesh ``(num_csx, inner)`` with axes ``("csx", "replica" | "wgt" | "stage")``.
+
+    ``micro_batch_size`` is the pipeline's micro-batch (None: ``num_stages``
+    micro-batches per system); it is None in the other modes.
+    """
 
     mesh: Mesh
     mode: str
+    micro_batch_size: int | None = None
 
     @property
     def inner_axis(self) -> str:
@@ -59,9 +64,10 @@ def build_wafer(cluster: ClusterConfig,
                 devices: Sequence[jax.Device] | None = None) -> Wafer | None:
     """The wafer mesh for ``cluster``, or None when the run uses one device.
 
-    With several devices visible, ``num_csx`` x (``num_replicas`` | ``max_wgt_servers``)
-    devices form the mesh and must fit. An unchanged default ``max_wgt_servers`` (24)
-    that does not fit means one device per system; ``pipeline`` runs on one device.
+    With several devices visible, ``num_csx`` x (``num_replicas`` | ``max_wgt_servers``
+    | ``num_stages``) devices form the mesh and must fit. An unchanged default
+    ``max_wgt_servers`` (24) that does not fit means one device per system;
+    ``num_stages=None`` means one stage.
 
     Raises:
       ConfigError: the layout needs more devices than there are.
@@ -76,8 +82,8 @@ def build_wafer(cluster: ClusterConfig,
     mode = cluster.execution_mode
     csx = cluster.num_csx
     if mode == "pipeline":
-        return None  # the pipeline layout runs on one device until it lands
-    if mode == "replica":
+        inner, axis, field = (cluster.num_stages or 1), "stage", "num_stages"
+    elif mode == "replica":
         inner, axis, field = (cluster.num_replicas or 1), "replica", "num_replicas"
     else:
         inner, axis, field = cluster.max_wgt_servers, "wgt", "max_wgt_servers"
@@ -100,4 +106,5 @@ def build_wafer(cluster: ClusterConfig,
     if needed == 1:
         return None
     grid = np.array(devices[:needed], dtype=object).reshape(csx, inner)
-    return Wafer(Mesh(grid, ("csx", axis)), mode)
+    micro = cluster.micro_batch_size if mode == "pipeline" else None
+    return Wafer(Mesh(grid, ("csx", axis)), mode, micro)
