@@ -48,9 +48,11 @@ class ClusterConfig:
     ``max_wgt_servers``), ``"pipeline"`` (``num_stages`` layer stages, micro-batches of
     ``micro_batch_size``) or ``"replica"`` (``num_replicas`` data-parallel copies).
     With more than one visible device, a CSX backend lays the run out on a device
-    mesh (see :mod:`cerebrax.wse`): replica and weight-streaming modes are built,
-    pipeline mode still runs on one device. With one visible device every
-    configuration runs on it, so a script written for a cluster runs on a laptop.
+    mesh (see :mod:`cerebrax.wse`) of ``num_csx`` x (``num_replicas`` |
+    ``max_wgt_servers`` | ``num_stages``) devices. In pipeline mode ``num_stages=None``
+    means one stage and ``micro_batch_size=None`` means ``num_stages`` micro-batches
+    per system. With one visible device every configuration runs on it, so a script
+    written for a cluster runs on a laptop.
 
     Example:
       >>> import cerebrax as cstorch
