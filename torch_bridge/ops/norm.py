@@ -33,16 +33,19 @@ def _stats(x, axes, eps):
 def _layer_norm_fwd(x, weight, bias, axes, eps):
     _, centered, rstd = _stats(x, axes, eps)
     xhat = centered * rstd
-    return xhat * weight + bias, (xhat, rstd, weight)
+    # An empty array carries the bias dtype: under mixed precision x, weight and bias
+    # may differ in dtype, and each gradient must come back in its input's dtype.
+    return xhat * weight + bias, (xhat, rstd, weight, jnp.zeros((0,), bias.dtype))
 
 
 def _layer_norm_bwd(axes, eps, residuals, dy):
-    xhat, rstd, weight = residuals
+    xhat, rstd, weight, bias_like = residuals
     batch = tuple(range(xhat.ndim - len(axes)))
     g = dy * weight
     dx = rstd * (g - jnp.mean(g, axis=axes, keepdims=True)
                  - xhat * jnp.mean(g * xhat, axis=axes, keepdims=True))
-    return dx, jnp.sum(dy * xhat, axis=batch), jnp.sum(dy, axis=batch)
+    return (dx.astype(xhat.dtype), jnp.sum(dy * xhat, axis=batch).astype(weight.dtype),
+            jnp.sum(dy, axis=batch).astype(bias_like.dtype))
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
