@@ -465,3 +465,24 @@ def test_layered_functional_model_on_one_device_is_the_composition():
         f"fc{i}.{w}" for i in range(1, 5) for w in ("bias", "weight")]
     expected = mlp_apply(mlp_params(0, MLP_SIZES), x)
     np.testing.assert_allclose(np.asarray(model(x)), np.asarray(expected), rtol=1e-6)
+
+
+def test_mixed_precision_pipeline_trains_like_one_device():
+    """float16 compute (the CSX default): carries and parameters packed per dtype."""
+    losses = {}
+    for layout in (None, "pipe4"):
+        cstorch.reset()
+        cluster = ClusterConfig(**LAYOUTS[layout]) if layout else None
+        backend = cstorch.backend("CSX", cluster_config=cluster)
+        model = cstorch.compile(_model("gpt", layout is not None), backend)
+        optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        @cstorch.trace
+        def training_step(x, y):
+            loss = _loss(model(x), y)
+            cstorch.backward(loss)
+            optimizer.step()
+            return loss
+
+        losses[layout] = [float(training_step(x, y)) for x, y in _data("gpt", 3)]
+    assert rel_err(losses["pipe4"], losses[None]) <= 1e-3, losses
