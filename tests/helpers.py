@@ -71,3 +71,20 @@ def xent_step(model: cstorch.CompiledModel, optimizer) -> cstorch.TracedStep:
         return loss
 
     return training_step
+
+
+def per_system_input_fn(data: list):
+    """An ``input_fn`` over ``data`` (a list of ``(x, y)`` global batches) in which each
+    streaming worker (one per system) streams its own contiguous rows, so the
+    concatenated global batch is ``data``'s batch, not one copy per system."""
+    import cerebrax as cstorch
+
+    def input_fn():
+        dist = cstorch.distributed
+        if not dist.is_streamer() or dist.num_streamers() == 1:
+            return data
+        n, rank = dist.num_streamers(), dist.get_streaming_rank()
+        rows = slice(rank * len(data[0][0]) // n, (rank + 1) * len(data[0][0]) // n)
+        return [(x[rows], y[rows]) for x, y in data]
+
+    return input_fn

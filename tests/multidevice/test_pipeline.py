@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import batches, mlp_apply, mlp_params, rel_err, xent
+from helpers import batches, mlp_apply, mlp_params, per_system_input_fn, rel_err, xent
 
 import cerebrax as cstorch
 
@@ -166,21 +166,6 @@ def _data(kind: str, n: int = STEPS, rows: slice = slice(None)):
     return list(zip(xs[:, rows], ys[:, rows]))
 
 
-def _input_fn(data: list):
-    """Each streaming worker (one per system) streams its own contiguous rows, so the
-    concatenated global batch is ``data``'s batch (not one copy per system)."""
-
-    def input_fn():
-        dist = cstorch.distributed
-        if not dist.is_streamer() or dist.num_streamers() == 1:
-            return data
-        n, rank = dist.num_streamers(), dist.get_streaming_rank()
-        rows = slice(rank * len(data[0][0]) // n, (rank + 1) * len(data[0][0]) // n)
-        return [(x[rows], y[rows]) for x, y in data]
-
-    return input_fn
-
-
 def _loss(logits, y):
     return xent(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
@@ -215,7 +200,7 @@ def _train(layout: str | None, kind: str, opt_kind: str, *, chunks: int = 1,
         optimizer.step()
         return loss
 
-    loader = cstorch.utils.data.DataLoader(_input_fn(_data(kind, steps, rows)),
+    loader = cstorch.utils.data.DataLoader(per_system_input_fn(_data(kind, steps, rows)),
                                            num_steps=steps)
     losses = [training_step(x, y)
               for x, y in cstorch.utils.data.DataExecutor(loader, progress_bar=False)]

@@ -13,7 +13,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import batches, mlp_apply, mlp_params, rel_err, xent
+from helpers import batches, mlp_apply, mlp_params, per_system_input_fn, rel_err, xent
 
 import cerebrax as cstorch
 
@@ -82,7 +82,8 @@ def _train(layout: str | None, model_kind: str, opt_kind: str, steps: int = STEP
         optimizer.step()
         return loss
 
-    loader = cstorch.utils.data.DataLoader(lambda: _data(model_kind, steps), num_steps=steps)
+    loader = cstorch.utils.data.DataLoader(per_system_input_fn(_data(model_kind, steps)),
+                                           num_steps=steps)
     losses = [training_step(x, y)
               for x, y in cstorch.utils.data.DataExecutor(loader, progress_bar=False)]
     return np.array([float(v) for v in losses]), model.state_dict(), training_step, backend
