@@ -60,12 +60,14 @@ def flat_params(params: dict) -> dict:
             for layer, d in params.items() for name, v in d.items()}
 
 
-def xent_step(model: cstorch.CompiledModel, optimizer) -> cstorch.TracedStep:
-    """The plain traced training step: cross-entropy loss, backward, optimizer step."""
+def xent_step(model: cstorch.CompiledModel, optimizer, loss_fn=None) -> cstorch.TracedStep:
+    """The plain traced training step: loss (cross-entropy unless ``loss_fn`` is given),
+    backward, optimizer step."""
+    loss_fn = xent if loss_fn is None else loss_fn
 
     @cstorch.trace
     def training_step(x, y):
-        loss = xent(model(x), y)
+        loss = loss_fn(model(x), y)
         cstorch.backward(loss)
         optimizer.step()
         return loss

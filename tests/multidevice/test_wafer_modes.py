@@ -13,7 +13,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import batches, mlp_apply, mlp_params, per_system_input_fn, rel_err, xent
+from helpers import (
+    batches,
+    mlp_apply,
+    mlp_params,
+    per_system_input_fn,
+    rel_err,
+    xent,
+    xent_step,
+)
 
 import cerebrax as cstorch
 
@@ -75,12 +83,7 @@ def _train(layout: str | None, model_kind: str, opt_kind: str, steps: int = STEP
     model = cstorch.compile(module, backend)
     optimizer = _optimizer(opt_kind, model.parameters())
 
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer)
 
     loader = cstorch.utils.data.DataLoader(per_system_input_fn(_data(model_kind, steps)),
                                            num_steps=steps)
@@ -134,13 +137,8 @@ def _train_torch_gpt(layout: str | None, steps: int = STEPS):
     model = cstorch.compile(GPT(vocab=48, block=16, d=32, heads=4, layers=2), backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
 
-    @cstorch.trace
-    def training_step(idx, targets):
-        logits = model(idx)
-        loss = xent(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer, lambda logits, targets: xent(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)))
 
     rng = np.random.default_rng(2)
     data = [(rng.integers(0, 48, (8, 16)).astype(np.int32),
@@ -176,12 +174,7 @@ def test_weight_streaming_shards_weights_and_optimizer_state():
     model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0, sizes)), backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer)
 
     x = np.zeros((16, 32), np.float32)
     y = np.zeros((16,), np.int32)
@@ -205,12 +198,7 @@ def test_replica_memory_report_holds_full_copies():
     model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer)
 
     x, y = batches(1)[0]
     report = cstorch.wse.memory_report(training_step, x, y)
@@ -283,12 +271,7 @@ def test_compile_only_writes_the_per_device_memory_report(tmp_path):
     model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer)
 
     x, y = batches(1)[0]
     training_step(x, y)
@@ -309,12 +292,7 @@ def _resumable_run(layout, data, load=None, save=None):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = xent_step(model, optimizer)
 
     losses = [float(training_step(x, y)) for x, y in data]
     if save is not None:
