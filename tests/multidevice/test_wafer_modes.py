@@ -185,6 +185,10 @@ def test_weight_streaming_shards_weights_and_optimizer_state():
     bound = (total / 8 + report.largest_param_bytes) * 1.1
     assert per_device <= bound, report.format()
     assert per_device < total / 4, report.format()
+    # XLA's memory analysis of the per-device program agrees: its arguments are the
+    # state shards plus the batch (split over "csx" only: here one system, whole).
+    state = per_device + report.other_state_bytes
+    assert report.xla_argument_bytes == state + x.nbytes + y.nbytes, report.format()
     assert report.temp_bytes is not None
     assert "optimizer state" in report.format()
     float(training_step(x, y))  # still runs after the report
