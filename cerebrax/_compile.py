@@ -515,8 +515,13 @@ class CompiledModel:
             params, buffers = cast_floating(params, dtype), cast_floating(buffers, dtype)
             args, kwargs = cast_floating((args, kwargs), dtype)
         wafer = getattr(self.backend, "wafer", None)
+        cluster = getattr(self.backend, "cluster_config", None)
         if wafer is not None and wafer.mode == "pipeline":
             out, new_buffers = self._pipelined(wafer, params, buffers, args, kwargs, train, key)
+        elif (cluster is not None and cluster.micro_batch_size is not None
+              and cluster.execution_mode != "pipeline"):
+            out, new_buffers = self._micro_batched(cluster, params, buffers, args, kwargs,
+                                                   train, key)
         else:
             out, new_buffers = self._adapter.apply(params, buffers, args, kwargs, train=train,
                                                    key=key)
@@ -526,6 +531,30 @@ class CompiledModel:
                 n: v.astype(self._buffers[n]._value.dtype) for n, v in new_buffers.items()
             }
         return out, new_buffers
+
+    def _micro_batched(self, cluster, params, buffers, args, kwargs, train, key):
+        """The model call over micro-batches of ``cluster.micro_batch_size`` rows per
+        system (weight-streaming and replica mode; see cerebrax.wse)."""
+        from .wse._micro import micro_batched_apply
+
+        layout = getattr(self.backend, "layout", None)
+        if layout is not None and cluster.execution_mode == "replica":
+            replicas = layout.wafer.inner_size
+            if cluster.micro_batch_size % replicas:
+                raise ConfigError(
+                    f"ClusterConfig(execution_mode='replica', num_replicas={replicas}, "
+                    f"micro_batch_size={cluster.micro_batch_size}): every micro-batch is "
+                    f"split over the replicas, so micro_batch_size must be a multiple of "
+                    f"num_replicas. Fix: set micro_batch_size to "
+                    f"{max(cluster.micro_batch_size // replicas, 1) * replicas}."
+                )
+
+        def apply(p, b, a, kw, k):
+            return self._adapter.apply(p, b, a, kw, train=train, key=k)
+
+        return micro_batched_apply(apply, cluster.micro_batch_size, cluster.num_csx, params,
+                                   buffers, args, kwargs, key,
+                                   None if layout is None else layout.batch)
 
     def _pipelined(self, wafer, params, buffers, args, kwargs, train, key):
         """The model call as a GPipe schedule over the wafer's stages (cerebrax.wse)."""

@@ -51,7 +51,11 @@ class ClusterConfig:
     mesh (see :mod:`cerebrax.wse`) of ``num_csx`` x (``num_replicas`` |
     ``max_wgt_servers`` | ``num_stages``) devices. In pipeline mode ``num_stages=None``
     means one stage and ``micro_batch_size=None`` means ``num_stages`` micro-batches
-    per system. With one visible device every configuration runs on it, so a script
+    per system. In weight-streaming and replica mode a ``micro_batch_size`` makes each
+    model call process every system's rows in micro-batches of that size, one after
+    the other, recomputing their activations in the backward pass (less activation
+    memory, the same gradients for a model without coupling between rows; see
+    :mod:`cerebrax.wse`). With one visible device every configuration runs on it, so a script
     written for a cluster runs on a laptop.
 
     Example:

@@ -7,13 +7,15 @@ parameters and optimizer state sharded) or ``"stage"`` (``num_stages`` pipeline 
 each holding a contiguous range of the model's layers; see :mod:`._pipeline`). The
 traced step is jitted with the layout's shardings and XLA's SPMD partitioner inserts
 the collectives; pipeline mode runs the model call as a GPipe schedule in
-``jax.shard_map``.
+``jax.shard_map``. Outside pipeline mode a ``micro_batch_size`` runs the model call
+over micro-batches with rematerialized activations (see :mod:`._micro`).
 """
 
 from ._layout import Layout
 from ._memory import MemoryReport, memory_report
 from ._mesh import Wafer, build_wafer
+from ._micro import micro_batched_apply
 from ._pipeline import Layers, Stage, pipelined_apply, split_layers
 
 __all__ = ["Layers", "Layout", "MemoryReport", "Stage", "Wafer", "build_wafer",
-           "memory_report", "pipelined_apply", "split_layers"]
+           "memory_report", "micro_batched_apply", "pipelined_apply", "split_layers"]

@@ -186,18 +186,18 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, jax.core.Tracer))
 
 
-def _batch_of(leaves: list, names: list[str]) -> int:
+def _batch_of(leaves: list, names: list[str], what: str = "Pipeline mode") -> int:
     arrays = [(n, x) for n, x in zip(names, leaves) if _is_array(x)]
     if not arrays or not arrays[0][1].shape:
         raise ConfigError(
-            "Pipeline mode splits the model's inputs into micro-batches along their first "
+            f"{what} splits the model's inputs into micro-batches along their first "
             "dimension, but the model was called without a batched array input."
         )
     batch = arrays[0][1].shape[0]
     for name, x in arrays:
         if not x.shape or x.shape[0] != batch:
             raise ConfigError(
-                f"Pipeline mode splits every array input of the model along its first "
+                f"{what} splits every array input of the model along its first "
                 f"dimension (the batch, {batch} rows in `{arrays[0][0]}`), but model input "
                 f"`{name}` has shape {tuple(x.shape)}. Fix: pass per-example arrays only; "
                 "capture other arrays in the model instead."
@@ -205,7 +205,8 @@ def _batch_of(leaves: list, names: list[str]) -> int:
     return batch
 
 
-def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int) -> int:
+def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int,
+                   what: str = "Pipeline mode") -> int:
     if batch % num_csx:
         raise ConfigError(
             f"The model's batch of {batch} rows cannot be split over num_csx={num_csx} "
@@ -225,7 +226,7 @@ def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int)
     if per_system % micro:
         divisors = [d for d in range(1, per_system + 1) if per_system % d == 0]
         raise ConfigError(
-            f"Pipeline mode splits each system's batch into micro-batches of "
+            f"{what} splits each system's batch into micro-batches of "
             f"micro_batch_size={micro} rows, but a system gets {per_system} rows "
             f"(batch {batch} / num_csx {num_csx}), which {micro} does not divide. Fix: "
             f"use a batch size divisible by num_csx x micro_batch_size = {num_csx * micro} "

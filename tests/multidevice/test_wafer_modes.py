@@ -34,6 +34,14 @@ LAYOUTS = {
     "ws8": dict(execution_mode="weight_streaming", max_wgt_servers=8),
     "ws2x4": dict(execution_mode="weight_streaming", num_csx=2, max_wgt_servers=4),
 }
+# The same layouts processing each system's rows in micro-batches (batches of 32 rows).
+MICRO_LAYOUTS = {
+    "ws8_micro8": dict(LAYOUTS["ws8"], micro_batch_size=8),
+    "ws2x4_micro4": dict(LAYOUTS["ws2x4"], micro_batch_size=4),
+    "replica8_micro8": dict(LAYOUTS["replica8"], micro_batch_size=8),
+    "replica2x4_micro8": dict(LAYOUTS["replica2x4"], micro_batch_size=8),
+}
+LAYOUTS.update(MICRO_LAYOUTS)
 
 
 def _cnn(seed: int = 0):
@@ -100,7 +108,7 @@ def _clean():
 
 @pytest.mark.parametrize("opt_kind", ["sgd", "adamw"])
 @pytest.mark.parametrize("model_kind", ["mlp", "cnn"])
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k not in MICRO_LAYOUTS])
 def test_layout_trains_like_one_device(layout, model_kind, opt_kind):
     ref_losses, ref_state, _, _ = _train(None, model_kind, opt_kind)
     losses, state, step, backend = _train(layout, model_kind, opt_kind)
@@ -148,7 +156,7 @@ def _train_torch_gpt(layout: str | None, steps: int = STEPS):
     return np.array(losses), state, training_step
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [k for k in LAYOUTS if k not in MICRO_LAYOUTS])
 def test_torch_gpt_trains_like_one_device(layout):
     ref_losses, ref_state, _ = _train_torch_gpt(None)
     losses, state, step = _train_torch_gpt(layout)
@@ -164,6 +172,31 @@ def test_torch_gpt_trains_like_one_device(layout):
     assert all(len(p._value.sharding.device_set) == 8 for p in step._diff_refs)
     if LAYOUTS[layout]["execution_mode"] == "weight_streaming":
         assert any("wgt" in p._value.sharding.spec for p in step._diff_refs)
+
+
+@pytest.mark.parametrize("layout", list(MICRO_LAYOUTS))
+def test_micro_batched_layout_trains_like_one_device(layout):
+    """Micro-batches add up to the whole batch's gradient: an MLP (no coupling between
+    rows) trains exactly like one device that takes the whole batch at once."""
+    ref_losses, ref_state, _, _ = _train(None, "mlp", "adamw")
+    losses, state, step, backend = _train(layout, "mlp", "adamw")
+    assert backend.wafer is not None and backend.wafer.size == 8
+    assert rel_err(losses, ref_losses) <= 1e-5, (losses, ref_losses)
+    for name in ref_state:
+        assert rel_err(state[name], ref_state[name]) <= 1e-5, name
+    x, y = batches(1)[0]
+    assert "while" in step.lower(x, y).as_text()  # the micro-batch loop is in the program
+
+
+def test_micro_batch_size_must_split_over_the_replicas():
+    cstorch.amp.set_half_dtype("float32")
+    backend = cstorch.backend("CSX", cluster_config=ClusterConfig(
+        execution_mode="replica", num_replicas=8, micro_batch_size=4))
+    model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
+    step = xent_step(model, cstorch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(cstorch.ConfigError, match="multiple of num_replicas. Fix: set "
+                                                   "micro_batch_size to 8"):
+        step(*batches(1)[0])
 
 
 def test_weight_streaming_shards_weights_and_optimizer_state():
