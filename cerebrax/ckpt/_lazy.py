@@ -177,8 +177,9 @@ class LazyArray(np.lib.mixins.NDArrayOperatorsMixin):
     """An array leaf of a loaded checkpoint, read from the file when used.
 
     Works wherever an array is accepted: ``np.asarray(x)``, ``jnp.asarray(x)``,
-    numpy functions and arithmetic, ``torch.tensor(np.asarray(x))``, and the
-    ``load_state_dict`` methods of cerebrax. ``shape``, ``dtype``, ``ndim``,
+    numpy functions and arithmetic, torch functions (it is tensor-like: a plain
+    torch module's ``load_state_dict`` accepts it), and the ``load_state_dict``
+    methods of cerebrax. ``shape``, ``dtype``, ``ndim``,
     ``size`` and ``nbytes`` come from the checkpoint's metadata without a read.
     Each use reads the data again and checks it against the digest saved with
     it; nothing is cached, so memory stays bounded (``load(path,
@@ -257,6 +258,15 @@ class LazyArray(np.lib.mixins.NDArrayOperatorsMixin):
             raise TypeError("a LazyArray is read-only; it cannot be a ufunc output")
         inputs = tuple(np.asarray(x) if isinstance(x, LazyArray) else x for x in inputs)
         return getattr(ufunc, method)(*inputs, **kwargs)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        """torch reads a lazy array as a tensor: ``load_state_dict`` of a plain torch
+        module, ``tensor.copy_(x)``, ``torch.equal(x, t)`` and other torch functions."""
+        from ._torch import to_torch
+
+        return func(*to_torch(tuple(args)), **to_torch(dict(kwargs or {})))
 
     def __len__(self) -> int:
         if not self.info.shape:

@@ -104,6 +104,24 @@ def test_converted_file_loads_into_a_torch_module(tmp_path: Path) -> None:
     assert torch.equal(target.weight, source.weight) and torch.equal(target.bias, source.bias)
 
 
+def test_lazy_arrays_load_into_a_plain_torch_module(tmp_path: Path) -> None:
+    """cstorch.load's arrays are tensor-like: a torch module that cerebrax never compiled
+    takes them in load_state_dict, and torch functions read them as tensors."""
+    torch.manual_seed(0)
+    saved = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    saved.train()(torch.randn(8, 4))  # moves the running statistics off their defaults
+    ckpt.save({"model": saved.state_dict(), "half": torch.arange(4.0).bfloat16()},
+              tmp_path / "c.mdl")
+    state = ckpt.load(tmp_path / "c.mdl")
+    assert isinstance(state["model"]["0.weight"], ckpt.LazyArray)
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    fresh.load_state_dict(state["model"])
+    for name, value in saved.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], value), name
+    assert torch.equal(state["half"], torch.arange(4.0).bfloat16())
+    assert torch.add(state["half"], 1).dtype == torch.bfloat16
+
+
 def test_unsupported_torch_value_is_refused_by_key(tmp_path: Path) -> None:
     torch.save({"cfg": {"dtype": torch.float32}}, tmp_path / "a.pt")
     with pytest.raises(CheckpointError, match=r"'cfg\.dtype'.*torch\.dtype"):
