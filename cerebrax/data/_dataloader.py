@@ -4,9 +4,10 @@ Every streaming worker calls ``input_fn`` itself to build its own iterable (a to
 DataLoader, or any iterable of numpy / torch / JAX batches, nested tuples and dicts
 included), restarting it at the end of each epoch. The batches are converted and placed
 on the backend's device while the asynchronous step runs: by worker threads that keep a
-few ready when there are several streaming workers, in the stepping thread when there
-is one (see ``_workers``); the sharding helpers of ``cstorch.distributed`` tell an
-``input_fn`` which worker it runs in (see ``_context``).
+few ready when there are several streaming workers or the device is an accelerator, in
+the stepping thread for one streamer on a CPU backend (see ``_workers``); the sharding
+helpers of ``cstorch.distributed`` tell an ``input_fn`` which worker it runs in (see
+``_context``).
 """
 
 from __future__ import annotations
@@ -162,14 +163,17 @@ class DataLoader:
     workers disjoint shards, select the rows ``rank::num_streamers()`` (or use a torch
     ``DistributedSampler`` with ``num_replicas=num_streamers(), rank=rank`` and the
     same seed everywhere; its ``set_epoch`` is called at every epoch). Without CSX
-    workers (CPU, GPU, ``num_workers_per_csx=0``) the iterable of the single
-    ``input_fn`` call is read in the stepping thread, between steps: the traced step
-    runs asynchronously, so the next batch is read, converted and placed while the
-    device computes, and no thread contends with the step's dispatch for the Python
-    interpreter. Set ``loader.background = True`` for a slow input pipeline that waits
-    (disk, network) or a step that blocks the host: a background thread then streams
-    it. Worker threads convert batches to JAX arrays and place them on the device in
-    the background, ``prefetch`` (default 2) batches ahead per worker. An exception in
+    workers (CPU, GPU, ``num_workers_per_csx=0``) one streamer iterates the single
+    ``input_fn`` call's iterable. On an accelerator it runs in a background thread, on
+    the host cores the device leaves free. On a CPU backend the step computes on the
+    host's own cores, so the batches are read in the stepping thread, between steps:
+    the traced step runs asynchronously, so the next batch is read, converted and
+    placed while XLA computes, and no thread contends with the step's dispatch for
+    the cores and the Python interpreter (measured faster on 2 cores, see
+    benchmarks/RESULTS.md). ``loader.background = True`` (or False) overrides the
+    choice, e.g. for an input pipeline that waits on disk or network. Worker threads
+    convert batches to JAX arrays and place them on the device in the background,
+    ``prefetch`` (default 2) batches ahead per worker. An exception in
     ``input_fn`` or in the iteration reaches the step that would have received the
     batch, with the worker's traceback.
 
@@ -193,7 +197,8 @@ class DataLoader:
     """
 
     prefetch: int = 2  # batches buffered per worker, and placed on the device
-    # Stream in background threads: None = only when there are several streaming workers.
+    # Stream in background threads. None: with several streaming workers, or when the
+    # device is an accelerator (on a CPU backend the step computes on the host's cores).
     background: bool | None = None
 
     def __init__(
@@ -271,7 +276,9 @@ class DataLoader:
         else:
             make_source = lambda: self.source  # noqa: E731 - the single input_fn call
         steps, positions = self._take_resume(infos)
-        background = self.background if self.background is not None else len(infos) > 1
+        background = self.background
+        if background is None:
+            background = len(infos) > 1 or _platform(device) != "cpu"
         stream = _workers.Stream(infos, make_source, device, steps=steps, positions=positions,
                                  prefetch=self.prefetch, background=background)
         self._stream = stream
@@ -355,3 +362,12 @@ class DataLoader:
             for w in state["workers"]
         ]
         return int(state["steps"]), positions
+
+
+def _platform(placement: Any) -> str:
+    """The platform ("cpu", "gpu", "tpu") of a device or a sharding (None: the default)."""
+    if placement is None:
+        return jax.devices()[0].platform
+    if isinstance(placement, jax.Device):
+        return placement.platform
+    return next(iter(placement.device_set)).platform

@@ -9,10 +9,11 @@ batches -- checks the batch size, places the batch on the device and puts it int
 output queue that the step reads. Every queue holds ``prefetch`` batches, so the step
 does not wait for data that is ready, and the order never depends on thread timing.
 
-Inline. A stream made with ``background=False`` (the default for a single streaming
-rank) starts no thread: :meth:`Stream.next` runs the same worker generator, checks and
-placement in the calling thread. The traced step runs asynchronously, so the next batch
-is read while the device computes, and no thread contends for the interpreter.
+Inline. A stream made with ``background=False`` (what a DataLoader with one streaming
+rank uses on a CPU backend) starts no thread: :meth:`Stream.next` runs the same worker
+generator, checks and placement in the calling thread. The traced step runs
+asynchronously, so the next batch is read while the device computes, and no thread
+contends for the interpreter.
 
 Failures. Every thread catches what its code raises and sends it down its queue in
 place of its next batch, so the step sees the error exactly where that batch would

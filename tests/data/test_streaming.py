@@ -324,6 +324,27 @@ def test_prefetching_overlaps_input_and_step():
     assert elapsed < 0.75 * (12 * 0.04), elapsed  # the serial sum is 0.48 s
 
 
+def test_one_streamer_on_an_accelerator_streams_in_a_background_thread(monkeypatch):
+    from cerebrax.data import _dataloader
+
+    monkeypatch.setattr(_dataloader, "_platform", lambda placement: "gpu")
+    readers = set()
+
+    def input_fn():
+        class Data:
+            def __iter__(self):
+                for i in range(4):
+                    readers.add(threading.current_thread().name)
+                    yield np.full(2, i)
+        return Data()
+
+    stream = DataLoader(input_fn).batches()
+    assert [int(b[0]) for b in take(stream, 5)] == [0, 1, 2, 3, 0]
+    assert len(streaming_threads()) == 2  # the streamer and the feeder
+    stream.close()
+    assert readers == {"cerebrax-streamer-0"} and not streaming_threads()
+
+
 def test_one_streamer_reads_in_the_stepping_thread_without_threads():
     readers = set()
 
