@@ -104,6 +104,10 @@ class Backend:
             if self.wafer is not None:
                 self.layout = Layout(self.wafer)
                 self.device = _local_mesh_device(self.wafer)
+            elif jax.process_count() > 1:
+                raise ConfigError(MSG_ONE_DEVICE_MULTIPROCESS.format(
+                    mode=cluster_config.execution_mode, csx=cluster_config.num_csx,
+                    n=jax.process_count(), total=jax.device_count()))
 
     @property
     def is_csx(self) -> bool:
@@ -139,6 +143,14 @@ The {wafer!r} mesh of ClusterConfig(execution_mode={mode!r}, num_csx={csx}, ...)
 {size} of the {total} devices of this {n}-process run and leaves out process(es) {left}:
 every process must hold part of the mesh. Fix: ask for all {total} devices (e.g. with
 num_csx={csx}, num_replicas or max_wgt_servers = {hint}), or start fewer processes."""
+
+
+MSG_ONE_DEVICE_MULTIPROCESS = """\
+ClusterConfig(execution_mode={mode!r}, num_csx={csx}, ...) lays the run out on one
+device, but this is a {n}-process run (cstorch.distributed.initialize): every process
+would train the whole model alone. Fix: ask for a mesh over all {total} devices, e.g.
+ClusterConfig(execution_mode="replica", num_replicas={total}) or
+ClusterConfig(max_wgt_servers={total}), or run a single process."""
 
 
 def _local_mesh_device(wafer: Any) -> jax.Device:

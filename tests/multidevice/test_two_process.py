@@ -136,6 +136,13 @@ def _worker(port: int, rank: int, out: str) -> None:
         results["left_out"] = np.array("no error")
     except cstorch.ConfigError as e:
         results["left_out"] = np.array(str(e))
+    # So is a layout of one device: every process would train alone.
+    cstorch.reset()
+    try:
+        cstorch.backend("CSX", cluster_config=cstorch.distributed.ClusterConfig())
+        results["one_device"] = np.array("no error")
+    except cstorch.ConfigError as e:
+        results["one_device"] = np.array(str(e))
     np.savez(out, **results)
     cstorch.distributed.shutdown()
 
@@ -200,6 +207,9 @@ def test_two_processes_train_like_one_device(tmp_path):
     got = ranks[0]
     message = str(got.pop("left_out"))
     for words in ["4 of the 8 devices", "process(es) [1]", "num_replicas or max_wgt_servers = 8"]:
+        assert words in message, message
+    message = str(got.pop("one_device"))
+    for words in ["2-process run", "train the whole model alone", "num_replicas=8"]:
         assert words in message, message
     for layout in LAYOUTS:
         losses = got[f"{layout}/losses"]
