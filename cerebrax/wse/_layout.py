@@ -7,8 +7,10 @@ partitioner inserts the gradient all-reduce: gradients equal the single-device o
 
 ``weight_streaming``: each state leaf is split over ``"wgt"`` along its largest
 dimension that the server count divides (scalars and indivisible leaves are
-replicated); batches are split over ``"csx"``. XLA gathers weight shards where a layer
-needs them and reduce-scatters the gradients, and the optimizer update runs on shards.
+replicated); batches are split over ``"csx"``. Parameters and optimizer state live on
+the servers in shards and the optimizer update runs on the shards; XLA's SPMD
+partitioner inserts what each layer needs (gathering the layer's weights, or keeping
+them split and moving activations, whichever it finds cheaper for the shapes).
 """
 
 from __future__ import annotations
