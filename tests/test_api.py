@@ -21,7 +21,7 @@ PUBLIC = {
     ],
     "cerebrax.optim": ["Optimizer", "OptaxOptimizer", "ParamGroup", "SGD", "Adam", "AdamW",
                        "Adamax", "Adadelta", "Adagrad", "ASGD", "NAdam", "RAdam", "RMSprop",
-                       "Rprop", "Lamb", "Lion", "Adafactor", "configure_optimizer",
+                       "Rprop", "Lamb", "Lion", "Adafactor", "configure_optimizer", "from_torch",
                        "configure_lr_scheduler",
                        "clip_grad_norm_", "clip_grad_value_", "lr_scheduler", "transforms"],
     "cerebrax.optim.transforms": ["sgd", "adam", "adamw", "adamax", "adadelta", "adagrad",

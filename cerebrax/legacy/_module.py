@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._compile import CompiledModel
+from .._compile import CompiledModel, _is_torch_module
 from .._compile import compile as compile_model
 from ..errors import ConfigError
 
@@ -15,7 +15,8 @@ class LegacyModule:
     """A model prepared for a :class:`~cerebrax.legacy.Session` (``cbtorch.module``).
 
     It wraps a :class:`cerebrax.CompiledModel` and behaves like the module it wraps:
-    ``parameters()`` (give them to a ``cstorch.optim`` optimizer), ``state_dict()``,
+    ``parameters()`` (give them to a ``cstorch.optim`` or ``torch.optim`` optimizer),
+    ``state_dict()``,
     ``load_state_dict()``, ``train()``, ``eval()``. Inside an open Session a call
     returns a :class:`~cerebrax.legacy.LazyTensor` and becomes part of the Session's
     compiled step; outside one it runs the model right away on the current weights.
@@ -45,6 +46,21 @@ class LegacyModule:
     @property
     def training(self) -> bool:
         return self.compiled.training
+
+    def parameters(self) -> list:
+        """The parameters to build the optimizer from: a torch model's own
+        ``torch.nn.Parameter`` objects (which ``torch.optim`` and ``cstorch.optim`` both
+        take), else the compiled model's."""
+        original = self.compiled.model
+        if _is_torch_module(original):
+            return list(original.parameters())
+        return self.compiled.parameters()
+
+    def named_parameters(self) -> Any:
+        original = self.compiled.model
+        if _is_torch_module(original):
+            return original.named_parameters()
+        return self.compiled.named_parameters()
 
     def __getattr__(self, name: str) -> Any:
         # parameters, named_parameters, buffers, state_dict, load_state_dict, model, ...

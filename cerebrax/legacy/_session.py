@@ -30,7 +30,7 @@ import jax
 from .. import _closures
 from ..backend import _backend
 from ..errors import ConfigError, RecompileError, StateError, TensorReadError
-from ..optim import Optimizer
+from ..optim import Optimizer, from_torch
 from ..trace import TracedStep
 from ._lazy import LazyTensor, Recipe
 from ._module import LegacyModule
@@ -101,9 +101,11 @@ class Session:
 
     Args:
       model: the model, wrapped by :func:`cerebrax.legacy.module`.
-      optimizer: a ``cstorch.optim`` optimizer over the model's parameters; required
-        in train mode. Inside the block its ``step()`` ends (and runs) the step and
-        its ``zero_grad()`` is part of the step.
+      optimizer: a ``cstorch.optim`` optimizer over the model's parameters, or a
+        ``torch.optim`` one (run as its cerebrax equivalent, see
+        :func:`cerebrax.optim.from_torch`; the torch optimizer gets the trained state
+        back when the block ends); required in train mode. Inside the block its
+        ``step()`` ends (and runs) the step and its ``zero_grad()`` is part of the step.
       criterion: a torch loss module (converted with the torch bridge), or None when
         the model returns the loss.
       mode: ``"train"`` (the model is put in train mode; a step ends at
@@ -130,12 +132,17 @@ class Session:
             )
         if mode not in MODES:
             raise ConfigError(f"Session(mode=...) must be 'train' or 'eval', got {mode!r}.")
+        # The optimizer the loop body calls (a torch one is taken over like a cerebrax
+        # one), and the cerebrax optimizer the compiled step runs.
+        self._user_optimizer = optimizer
         if optimizer is not None and not isinstance(optimizer, Optimizer):
-            raise ConfigError(
-                f"Session(optimizer=...) expects a cerebrax optimizer, got "
-                f"{type(optimizer).__name__}. Replace torch.optim.X(...) with "
-                "cstorch.optim.X(model.parameters(), ...): same arguments and numerics."
-            )
+            if not type(optimizer).__module__.startswith("torch.optim"):
+                raise ConfigError(
+                    f"Session(optimizer=...) expects a cerebrax or torch.optim optimizer, "
+                    f"got {type(optimizer).__name__}. Write e.g. "
+                    "cstorch.optim.SGD(model.parameters(), lr=...)."
+                )
+            optimizer = from_torch(optimizer)
         if mode == "train" and optimizer is None:
             raise ConfigError("Session(mode='train') needs the optimizer that trains the model.")
         if criterion is not None and not _is_torch_module(criterion):
@@ -177,19 +184,33 @@ class Session:
             self._open = False
             self._pending = None
             _ACTIVE.remove(self)
+        if exc_type is None and self._user_optimizer is not self.optimizer:
+            # The torch optimizer the script holds gets the trained state back, so
+            # saving it (optimizer.state_dict()) after the block saves this run.
+            from ..ckpt._torch import to_torch
+
+            self._user_optimizer.load_state_dict(to_torch(self.optimizer.state_dict()))
 
     def _take_over(self) -> None:
         """Points the optimizer's and criterion's methods at the Session while it is open."""
-        if self.optimizer is not None:
-            self.optimizer.step = self._on_step
-            self.optimizer.zero_grad = self._on_zero_grad
+        for optimizer in self._optimizers():
+            optimizer.step = self._on_step
+            optimizer.zero_grad = self._on_zero_grad
         if self.criterion is not None:
             self.criterion.forward = self._on_criterion
 
+    def _optimizers(self) -> list:
+        """The optimizer objects the body may call: the user's and the one that runs."""
+        found = []
+        for optimizer in (self._user_optimizer, self.optimizer):
+            if optimizer is not None and all(optimizer is not f for f in found):
+                found.append(optimizer)
+        return found
+
     def _release(self) -> None:
-        if self.optimizer is not None:
+        for optimizer in self._optimizers():
             for name in ("step", "zero_grad"):
-                self.optimizer.__dict__.pop(name, None)
+                optimizer.__dict__.pop(name, None)
         if self.criterion is not None:
             self.criterion.__dict__.pop("forward", None)
 

@@ -15,6 +15,7 @@ from ._base import ParamGroup as ParamGroup
 from ._clip import clip_grad_norm_ as clip_grad_norm_
 from ._clip import clip_grad_value_ as clip_grad_value_
 from ._configure import configure_optimizer as configure_optimizer
+from ._from_torch import from_torch as from_torch
 from ._lamb_lion import Lamb as Lamb
 from ._lamb_lion import Lion as Lion
 from ._nadam import NAdam as NAdam

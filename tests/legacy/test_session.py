@@ -122,6 +122,36 @@ def test_seed003_loop_trains_like_the_trace_loop_and_compiles_once(compiles):
     assert compiles.count == after_first
 
 
+def test_a_torch_optimizer_trains_like_its_cerebrax_equivalent():
+    """Seed 003 scripts build torch.optim optimizers: the Session runs the cerebrax
+    equivalent and hands the trained state back to the torch optimizer."""
+    reference, ref_state = trace_loop(num_steps=12, num_epochs=1)
+    cstorch.reset()
+    cbtorch.initialize()
+    torch.manual_seed(0)
+    model = cbtorch.module(Model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+    losses = []
+    with cbtorch.Session(model, optimizer, criterion, mode="train"):
+        for inputs, targets in cbtorch.dataloader(get_train_dataloader()):
+            optimizer.zero_grad()
+            loss = criterion(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            if len(losses) == 12:
+                break
+    assert rel_err(losses, reference) <= 1e-6, (losses, reference)
+    state = model.compiled.state_dict()
+    for name in ref_state:
+        assert rel_err(state[name], ref_state[name]) <= 1e-6, name
+    # The torch optimizer holds the run's momentum now, and its methods are its own.
+    assert "step" not in vars(optimizer)
+    buffers = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    assert all(b is not None and float(b.abs().sum()) > 0 for b in buffers)
+
+
 def test_values_are_lazy_until_the_step_and_materialized_after():
     model = cbtorch.module(Model())
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
@@ -319,8 +349,10 @@ def test_misuse_is_refused_with_the_fix():
     criterion = torch.nn.CrossEntropyLoss()
     with pytest.raises(ConfigError, match=r"model = cbtorch\.module\(Model\(\)\)"):
         cbtorch.Session(Model(), optimizer, criterion)
-    with pytest.raises(ConfigError, match=r"cstorch\.optim\.X\(model\.parameters\(\)"):
-        cbtorch.Session(model, torch.optim.SGD(Model().parameters(), lr=0.1), criterion)
+    with pytest.raises(ConfigError, match=r"cstorch\.optim\.SGD\(model\.parameters\(\)"):
+        cbtorch.Session(model, object(), criterion)
+    with pytest.raises(ConfigError, match="from_torch"):
+        cbtorch.Session(model, torch.optim.LBFGS(model.parameters()), criterion)
     with pytest.raises(ConfigError, match="needs the optimizer"):
         cbtorch.Session(model, None, criterion, mode="train")
     with pytest.raises(ConfigError, match="criterion=None"):

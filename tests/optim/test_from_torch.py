@@ -1,0 +1,51 @@
+"""``cstorch.optim.from_torch``: a torch optimizer's cerebrax equivalent, state included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import cerebrax as cstorch
+
+
+def _trained_torch_optimizer(cls, **kwargs):
+    """A torch optimizer with two param groups after three steps on fixed gradients."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    cstorch.compile(module, "CPU")
+    optimizer = cls([{"params": module[0].parameters(), "lr": 0.05},
+                     {"params": module[1].parameters()}], **kwargs)
+    for _ in range(3):
+        for p in module.parameters():
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+    return optimizer
+
+
+@pytest.mark.parametrize("cls, kwargs", [
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    (torch.optim.AdamW, dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)),
+    (torch.optim.RMSprop, dict(lr=1e-2, alpha=0.9, centered=True)),
+])
+def test_class_groups_and_state_carry_over(cls, kwargs):
+    source = _trained_torch_optimizer(cls, **kwargs)
+    converted = cstorch.optim.from_torch(source)
+    assert type(converted) is getattr(cstorch.optim, cls.__name__)
+    want, got = source.state_dict(), converted.state_dict()
+    for g_want, g_got in zip(want["param_groups"], got["param_groups"]):
+        for key in ("lr", "weight_decay"):
+            np.testing.assert_allclose(float(g_got[key]), g_want[key], rtol=1e-6)
+    assert want["state"].keys() == got["state"].keys()
+    for index, entries in want["state"].items():
+        for key, value in entries.items():
+            np.testing.assert_allclose(np.asarray(got["state"][index][key]), value.numpy(),
+                                       rtol=1e-6, err_msg=f"{index}.{key}")
+
+
+def test_optimizers_without_a_cerebrax_equivalent_are_refused():
+    module = torch.nn.Linear(3, 2)
+    with pytest.raises(cstorch.ConfigError, match="LBFGS"):
+        cstorch.optim.from_torch(torch.optim.LBFGS(module.parameters()))
+    with pytest.raises(cstorch.ConfigError, match="Fix: build the cerebrax optimizer"):
+        cstorch.optim.from_torch(object())
