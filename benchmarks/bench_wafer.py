@@ -98,12 +98,22 @@ def batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def build(mode: str, layers: int):
     """A fresh run in ``mode``: the traced AdamW training step."""
+    backend = mode_backend(MODES[mode])
+    return adamw_step(cstorch.compile(cstorch.FunctionalModel(mlp, init_params(layers)),
+                                      backend))
+
+
+def mode_backend(fields: dict | None) -> cstorch.Backend:
+    """A fresh float32 run: the CPU backend, or CSX with ``ClusterConfig(**fields)``."""
     cstorch.reset()
     cstorch.amp.set_half_dtype("float32")
-    fields = MODES[mode]
-    backend = (cstorch.backend("CPU") if fields is None
-               else cstorch.backend("CSX", cluster_config=ClusterConfig(**fields)))
-    model = cstorch.compile(cstorch.FunctionalModel(mlp, init_params(layers)), backend)
+    if fields is None:
+        return cstorch.backend("CPU")
+    return cstorch.backend("CSX", cluster_config=ClusterConfig(**fields))
+
+
+def adamw_step(model: cstorch.CompiledModel) -> cstorch.TracedStep:
+    """The traced training step of every run here: cross-entropy, AdamW."""
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
     @cstorch.trace
@@ -230,26 +240,14 @@ def layered_mlp(layers: int, seed: int = 0) -> cstorch.FunctionalModel:
 
 def build_pipeline_step(mode: str, micro_batches: int):
     """A fresh AdamW step; ``mode``: "pipeline", "replica" or "single device"."""
-    cstorch.reset()
-    cstorch.amp.set_half_dtype("float32")
     if mode == "pipeline":
-        backend = cstorch.backend("CSX", cluster_config=ClusterConfig(
-            execution_mode="pipeline", num_stages=PIPE_STAGES, micro_batch_size=PIPE_MICRO))
+        backend = mode_backend(dict(execution_mode="pipeline", num_stages=PIPE_STAGES,
+                                    micro_batch_size=PIPE_MICRO))
         module = layered_mlp(SPEED_LAYERS)
     else:
-        fields = MODES[mode]
-        backend = (cstorch.backend("CPU") if fields is None
-                   else cstorch.backend("CSX", cluster_config=ClusterConfig(**fields)))
+        backend = mode_backend(MODES[mode])
         module = cstorch.FunctionalModel(mlp, init_params(SPEED_LAYERS))
-    model = cstorch.compile(module, backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = adamw_step(cstorch.compile(module, backend))
 
     rng = np.random.default_rng(0)
     rows = PIPE_MICRO * micro_batches

@@ -60,9 +60,10 @@ def flat_params(params: dict) -> dict:
             for layer, d in params.items() for name, v in d.items()}
 
 
-def xent_step(model: cstorch.CompiledModel, optimizer, loss_fn=None) -> cstorch.TracedStep:
+def xent_step(model: cstorch.CompiledModel, optimizer, loss_fn=None, *,
+              zero_grad: bool = False) -> cstorch.TracedStep:
     """The plain traced training step: loss (cross-entropy unless ``loss_fn`` is given),
-    backward, optimizer step."""
+    backward, optimizer step (and ``optimizer.zero_grad()`` if asked)."""
     loss_fn = xent if loss_fn is None else loss_fn
 
     @cstorch.trace
@@ -70,9 +71,20 @@ def xent_step(model: cstorch.CompiledModel, optimizer, loss_fn=None) -> cstorch.
         loss = loss_fn(model(x), y)
         cstorch.backward(loss)
         optimizer.step()
+        if zero_grad:
+            optimizer.zero_grad()
         return loss
 
     return training_step
+
+
+def fresh_backend(cluster: dict | None = None) -> cstorch.Backend:
+    """A fresh float32 run: the CPU backend, or a CSX one with ``ClusterConfig(**cluster)``."""
+    cstorch.reset()
+    cstorch.amp.set_half_dtype("float32")
+    if cluster is None:
+        return cstorch.backend("CPU")
+    return cstorch.backend("CSX", cluster_config=cstorch.distributed.ClusterConfig(**cluster))
 
 
 def per_system_input_fn(data: list):

@@ -12,25 +12,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import batches, mlp_apply, mlp_params, rel_err, xent, xent_step
+from helpers import (
+    batches,
+    fresh_backend,
+    mlp_apply,
+    mlp_params,
+    rel_err,
+    xent,
+    xent_step,
+)
 
 import cerebrax as cstorch
 
-ClusterConfig = cstorch.distributed.ClusterConfig
-
 
 def _backend(micro_batch_size=None, **fields):
-    cstorch.amp.set_half_dtype("float32")
+    """CPU without micro-batches, else CSX with ``micro_batch_size`` (and ``fields``)."""
     if micro_batch_size is None and not fields:
-        return cstorch.backend("CPU")
-    return cstorch.backend("CSX", cluster_config=ClusterConfig(
-        micro_batch_size=micro_batch_size, **fields))
+        return fresh_backend()
+    return fresh_backend(dict(micro_batch_size=micro_batch_size, **fields))
 
 
 def _mlp_losses(micro_batch_size, steps=10, **fields):
-    cstorch.reset()
-    model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)),
-                            _backend(micro_batch_size, **fields))
+    backend = _backend(micro_batch_size, **fields)
+    model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
     step = xent_step(model, cstorch.optim.AdamW(model.parameters(), lr=1e-2))
     losses = [float(step(x, y)) for x, y in batches(steps)]
     return np.array(losses), model.state_dict(), step
@@ -53,9 +57,7 @@ def test_smaller_micro_batches_need_less_activation_memory():
     x, y = np.zeros((512, 16), np.float32), np.zeros((512,), np.int32)
     temps = []
     for micro in (None, 128, 32):
-        cstorch.reset()
-        backend = cstorch.backend("CSX", cluster_config=ClusterConfig(micro_batch_size=micro))
-        cstorch.amp.set_half_dtype("float32")
+        backend = fresh_backend(dict(micro_batch_size=micro))
         model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0, sizes)),
                                 backend)
         step = xent_step(model, cstorch.optim.SGD(model.parameters(), lr=0.1))
@@ -80,13 +82,12 @@ def _bn_apply(params, buffers, x, train=True):
 
 
 def _bn_run(micro_batch_size, chunks):
-    cstorch.reset()
+    backend = _backend(micro_batch_size)
     rng = np.random.default_rng(0)
     params = {"w1": rng.normal(size=(8, 16)).astype(np.float32) / 3,
               "w2": rng.normal(size=(16, 4)).astype(np.float32) / 4}
     buffers = {"mean": np.zeros(16, np.float32), "var": np.ones(16, np.float32)}
-    model = cstorch.compile(cstorch.FunctionalModel(_bn_apply, params, buffers),
-                            _backend(micro_batch_size))
+    model = cstorch.compile(cstorch.FunctionalModel(_bn_apply, params, buffers), backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
 
     @cstorch.trace
@@ -112,8 +113,8 @@ def test_batchnorm_normalizes_per_micro_batch_in_order():
 
 
 def test_a_batch_the_micro_batch_does_not_divide_is_a_config_error():
-    cstorch.reset()
-    model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), _backend(12))
+    backend = _backend(12)
+    model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
     step = xent_step(model, cstorch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(cstorch.ConfigError) as info:
         step(*batches(1)[0])
@@ -122,10 +123,10 @@ def test_a_batch_the_micro_batch_does_not_divide_is_a_config_error():
 
 
 def test_an_output_without_a_batch_dimension_is_a_config_error():
-    cstorch.reset()
+    backend = _backend(8)
     model = cstorch.compile(
         cstorch.FunctionalModel(lambda p, x: (mlp_apply(p, x) ** 2).mean(), mlp_params(0)),
-        _backend(8))
+        backend)
 
     @cstorch.trace
     def step(x):

@@ -324,21 +324,28 @@ def test_prefetching_overlaps_input_and_step():
     assert elapsed < 0.75 * (12 * 0.04), elapsed  # the serial sum is 0.48 s
 
 
-def test_one_streamer_on_an_accelerator_streams_in_a_background_thread(monkeypatch):
-    from cerebrax.data import _dataloader
-
-    monkeypatch.setattr(_dataloader, "_platform", lambda placement: "gpu")
-    readers = set()
+def reading_threads_input_fn(readers: set, check=None):
+    """An input_fn of 4 batches that records the threads reading them (and checks
+    ``check()`` on each read)."""
 
     def input_fn():
         class Data:
             def __iter__(self):
                 for i in range(4):
                     readers.add(threading.current_thread().name)
+                    assert check is None or check()
                     yield np.full(2, i)
         return Data()
 
-    stream = DataLoader(input_fn).batches()
+    return input_fn
+
+
+def test_one_streamer_on_an_accelerator_streams_in_a_background_thread(monkeypatch):
+    from cerebrax.data import _dataloader
+
+    monkeypatch.setattr(_dataloader, "_platform", lambda placement: "gpu")
+    readers = set()
+    stream = DataLoader(reading_threads_input_fn(readers)).batches()
     assert [int(b[0]) for b in take(stream, 5)] == [0, 1, 2, 3, 0]
     assert len(streaming_threads()) == 2  # the streamer and the feeder
     stream.close()
@@ -347,17 +354,9 @@ def test_one_streamer_on_an_accelerator_streams_in_a_background_thread(monkeypat
 
 def test_one_streamer_reads_in_the_stepping_thread_without_threads():
     readers = set()
-
-    def input_fn():
-        class Data:
-            def __iter__(self):
-                for i in range(4):
-                    readers.add(threading.current_thread().name)
-                    assert not streaming_threads()
-                    yield np.full(2, i)
-        return Data()
-
-    got = [int(b[0]) for b in DataLoader(input_fn, num_steps=10)]
+    no_threads = lambda: not streaming_threads()  # noqa: E731
+    got = [int(b[0]) for b in DataLoader(reading_threads_input_fn(readers, no_threads),
+                                         num_steps=10)]
     assert got == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     assert readers == {"MainThread"}
 

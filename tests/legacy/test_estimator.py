@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import batches, mlp_apply, mlp_params, xent
+from helpers import batches, mlp_apply, mlp_params, xent, xent_step
 
 import cerebrax as cstorch
 import torch_bridge
@@ -57,14 +57,7 @@ def trace_losses(order):
     """The reference: a @cstorch.trace loop over the batches ``DATA[i] for i in order``."""
     model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)))
     optimizer = cstorch.optim.SGD(model.parameters(), lr=PARAMS["lr"], momentum=0.9)
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
+    training_step = xent_step(model, optimizer, zero_grad=True)
 
     losses = [float(training_step(*DATA[i])) for i in order]
     cstorch.reset()
@@ -168,14 +161,7 @@ def test_a_bridged_torch_module_trains_like_the_trace_loop(tmp_path):
         return compiled, optimizer, torch_bridge.convert(torch.nn.CrossEntropyLoss())
 
     compiled, optimizer, loss_fn = build()
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = loss_fn(compiled(x), y)
-        cstorch.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
+    training_step = xent_step(compiled, optimizer, loss_fn, zero_grad=True)
 
     expected = [float(training_step(*DATA[i])) for i in range(12)]
     cstorch.reset()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import batches, mlp_apply, mlp_params, rel_err, xent
+from helpers import batches, mlp_apply, mlp_params, rel_err, xent, xent_step
 
 import cerebrax as cstorch
 import cerebrax.legacy as cbtorch
@@ -54,14 +54,7 @@ def trace_loop(num_steps, num_epochs):
     compiled = cstorch.compile(module, "CPU")
     optimizer = cstorch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
     loss_fn = torch_bridge.convert(torch.nn.CrossEntropyLoss())
-
-    @cstorch.trace
-    def training_step(inputs, targets):
-        loss = loss_fn(compiled(inputs), targets)
-        cstorch.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
+    training_step = xent_step(compiled, optimizer, loss_fn, zero_grad=True)
 
     losses = []
     train_dataloader = get_train_dataloader()

@@ -28,7 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import batches, mlp_apply, mlp_params, per_system_input_fn, rel_err, xent
+from helpers import (
+    batches,
+    fresh_backend,
+    mlp_apply,
+    mlp_params,
+    per_system_input_fn,
+    rel_err,
+    xent,
+)
 
 import cerebrax as cstorch
 
@@ -177,12 +185,7 @@ def _train(layout: str | None, kind: str, opt_kind: str, *, chunks: int = 1,
     ``chunks > 1`` (single device only): the step calls the model on ``chunks``
     consecutive slices of the batch, one after the other: the pipeline's reference.
     """
-    cstorch.reset()
-    cstorch.amp.set_half_dtype("float32")
-    if layout is None:
-        backend = cstorch.backend("CPU")
-    else:
-        backend = cstorch.backend("CSX", cluster_config=ClusterConfig(**LAYOUTS[layout]))
+    backend = fresh_backend(LAYOUTS.get(layout))
     model = cstorch.compile(_model(kind, layout is not None), backend)
     if opt_kind == "sgd":
         optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import (
     batches,
+    fresh_backend,
     mlp_apply,
     mlp_params,
     per_system_input_fn,
@@ -78,12 +79,7 @@ def _optimizer(kind: str, params):
 
 def _train(layout: str | None, model_kind: str, opt_kind: str, steps: int = STEPS):
     """Trains from the same initial state; returns losses, final state and the step."""
-    cstorch.reset()
-    cstorch.amp.set_half_dtype("float32")
-    if layout is None:
-        backend = cstorch.backend("CPU")
-    else:
-        backend = cstorch.backend("CSX", cluster_config=ClusterConfig(**LAYOUTS[layout]))
+    backend = fresh_backend(LAYOUTS.get(layout))
     if model_kind == "mlp":
         module = cstorch.FunctionalModel(mlp_apply, mlp_params(0))
     else:
@@ -135,12 +131,7 @@ def _train_torch_gpt(layout: str | None, steps: int = STEPS):
     sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "torch_bridge"))
     from bridge_zoo import GPT
 
-    cstorch.reset()
-    cstorch.amp.set_half_dtype("float32")
-    if layout is None:
-        backend = cstorch.backend("CPU")
-    else:
-        backend = cstorch.backend("CSX", cluster_config=ClusterConfig(**LAYOUTS[layout]))
+    backend = fresh_backend(LAYOUTS.get(layout))
     torch.manual_seed(0)
     model = cstorch.compile(GPT(vocab=48, block=16, d=32, heads=4, layers=2), backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -318,10 +309,7 @@ def test_compile_only_writes_the_per_device_memory_report(tmp_path):
 
 
 def _resumable_run(layout, data, load=None, save=None):
-    cstorch.reset()
-    cstorch.amp.set_half_dtype("float32")
-    backend = (cstorch.backend("CPU") if layout is None else
-               cstorch.backend("CSX", cluster_config=ClusterConfig(**LAYOUTS[layout])))
+    backend = fresh_backend(LAYOUTS.get(layout))
     model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
     if load is not None:
