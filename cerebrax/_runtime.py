@@ -1,0 +1,63 @@
+"""The process-wide state of cerebrax, in one object: :data:`RUNTIME`.
+
+Everything cerebrax remembers between calls, besides what users hold themselves
+(models, optimizers, steps), is a field of :class:`Runtime`, read top to bottom here.
+Each field names the module that owns it; other modules reach it through that module's
+public functions. :meth:`Runtime.reset` (``cstorch.reset()``) returns the process to
+its state at import: no backend, no registered state, no queued closures, no streams.
+
+This module is the bottom layer with :mod:`cerebrax.errors`: it imports no other
+cerebrax module, and its fields hold plain containers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import weakref
+from typing import Any
+
+__all__ = ["RUNTIME", "Runtime"]
+
+
+@dataclasses.dataclass
+class Runtime:
+    """The process-wide state. One instance, :data:`RUNTIME`; see the module docs."""
+
+    # ---- the backend (cerebrax.backend) ----------------------------------------------
+    backend: Any = None                   # the Backend of this process, or None
+    run_config: Any = None                # what cstorch.configure() was given, or None
+    # ---- registered state (cerebrax._state) ------------------------------------------
+    generation: int = 0                   # bumped by reset(): older state is dropped
+    state_device: Any = None              # where new state slots live (the backend's)
+    slots: dict = dataclasses.field(default_factory=dict)       # index -> weakref(StateRef)
+    optimizers: dict = dataclasses.field(default_factory=dict)  # index -> weakref(optimizer)
+    trace_contexts: list = dataclasses.field(default_factory=list)  # innermost last
+    read_guards: list = dataclasses.field(default_factory=list)     # checks of state reads
+    # ---- step closures (cerebrax._closures) ------------------------------------------
+    closures: collections.deque = dataclasses.field(default_factory=collections.deque)
+    dispatches: int = 0                   # traced steps dispatched so far
+    last_outputs: list = dataclasses.field(default_factory=list)  # of the last step
+    running_closure: Any = None           # the closure entry running now
+    executors: list = dataclasses.field(default_factory=list)    # DataExecutor loops
+    # ---- model wrapping (cerebrax.models) --------------------------------------------
+    # an original parameter object (a torch nn.Parameter) -> its compiled Parameter
+    parameter_aliases: weakref.WeakKeyDictionary = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary)
+    # ---- mixed precision (cerebrax._precision) ---------------------------------------
+    half_dtype: str | None = None         # set_half_dtype's choice; None: float16
+    # ---- data streaming (cerebrax.data) ----------------------------------------------
+    streams: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
+    # ---- 1.2-era sessions (cerebrax.legacy) ------------------------------------------
+    sessions: list = dataclasses.field(default_factory=list)    # innermost last
+
+    def reset(self) -> None:
+        """Stops every stream and forgets everything above; bumps :attr:`generation`."""
+        for stream in list(self.streams):
+            stream.close()
+        fresh = Runtime(generation=self.generation + 1)
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(fresh, field.name))
+
+
+RUNTIME = Runtime()
