@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _state
 from .errors import StateError
-from .wse._multiprocess import readable
+from ._placement import readable
 
 __all__ = ["checkpoint_closure", "step_closure"]
 

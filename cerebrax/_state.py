@@ -106,7 +106,7 @@ def _readable(value: Any) -> Any:
     leaves = jax.tree.leaves(value)
     if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
         return value
-    from .wse._multiprocess import readable
+    from ._placement import readable
 
     return jax.tree.map(readable, value)
 

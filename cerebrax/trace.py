@@ -34,7 +34,7 @@ from ._context import deferrable as deferrable
 from ._context import deferrable_function as deferrable_function
 from .backend import _backend
 from .errors import RecompileError, StateError, TensorReadError
-from .wse._multiprocess import put_many
+from ._placement import put_many
 
 __all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace"]
 

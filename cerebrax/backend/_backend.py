@@ -159,7 +159,7 @@ def _local_mesh_device(wafer: Any) -> jax.Device:
     Raises:
       ConfigError: (on every process) the mesh leaves out a process of the run.
     """
-    from ..wse._multiprocess import local_device
+    from .._placement import local_device
 
     devices = list(wafer.mesh.devices.flat)
     left = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})

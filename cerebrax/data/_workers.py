@@ -89,7 +89,7 @@ def place(batch: Any, placement: Any) -> Any:
     On a mesh that spans processes each process copies only its own devices' slices
     of the global batch, and no collective runs (placement may run in a data thread).
     """
-    from ..wse._multiprocess import put_many
+    from .._placement import put_many
 
     leaves, treedef = jax.tree.flatten(batch)
     where = [i for i, x in enumerate(leaves) if _is_array(x) and not _on(x, placement)]
