@@ -6,7 +6,6 @@ values in step closures, save H5 checkpoints. The whole step runs as one ``jax.j
 program on a CPU, on an emulated wafer of devices, or on GPUs/TPUs.
 """
 
-from . import _reset  # noqa: F401  (registers what cerebrax.reset() clears)
 from . import amp as amp
 from . import ckpt as ckpt
 from . import data as data
@@ -15,6 +14,7 @@ from . import errors as errors
 from . import estimator as estimator
 from . import legacy as legacy
 from . import metrics as metrics
+from . import models as models
 from . import optim as optim
 from . import schedules as schedules
 from . import summaries as summaries
@@ -22,11 +22,6 @@ from . import utils as utils
 from . import wse as wse
 from ._closures import checkpoint_closure as checkpoint_closure
 from ._closures import step_closure as step_closure
-from ._compile import CompiledModel as CompiledModel
-from ._compile import FunctionalModel as FunctionalModel
-from ._compile import ModelAdapter as ModelAdapter
-from ._compile import compile as compile  # noqa: A004
-from ._compile import register_model_adapter as register_model_adapter
 from ._state import Parameter as Parameter
 from ._version import __version__ as __version__
 from .amp import set_half_dtype as set_half_dtype
@@ -35,6 +30,11 @@ from .backend import backend as backend
 from .backend import configure as configure
 from .backend import current_backend as current_backend
 from .backend import reset as reset
+from .models import CompiledModel as CompiledModel
+from .models import FunctionalModel as FunctionalModel
+from .models import ModelAdapter as ModelAdapter
+from .models import compile as compile  # noqa: A004
+from .models import register_model_adapter as register_model_adapter
 from .ckpt import load as load
 from .ckpt import save as save
 from .data import current_executor as current_executor

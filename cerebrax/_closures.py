@@ -9,24 +9,42 @@ closures of step ``s`` run after step ``s + 1`` has been dispatched, so the devi
 never idle while the host prints a loss. On checkpoint steps and on the final step the
 queue is drained before the next step is dispatched, so checkpoint closures see the
 state of their own step. Outside an executor a closure runs as soon as its step is done.
+
+This module owns a closure's whole life, behind a few calls:
+
+- :func:`record` (a decorated closure is called): inside a traced step the call is
+  noted by the trace context and becomes a :class:`ClosureCall`; between steps its
+  values are captured and queued (or run at once outside an executor);
+- :func:`split_arguments` (the step's program is built): the array arguments of each
+  :class:`ClosureCall` become outputs of the program;
+- :func:`after_dispatch` (a step was dispatched): the closures of that step are queued
+  with the step's arrays;
+- :func:`executor_scope` (a DataExecutor loop runs) and :func:`drain` (between steps
+  and at the end): closures run in order, up to a step.
+
+An executor takes part through a small protocol: its ``iteration`` (the 0-based step),
+``should_run(step, kind)`` and ``note_output(output)``. The queue itself is part of
+:data:`cerebrax._runtime.RUNTIME`.
 """
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import jax
-import numpy as np
 
 from . import _state
+from ._placement import to_host
+from ._runtime import RUNTIME
 from .errors import StateError
-from ._placement import readable
 
-__all__ = ["checkpoint_closure", "step_closure"]
+__all__ = ["ClosureCall", "after_dispatch", "checkpoint_closure", "current_executor",
+           "drain", "executor_scope", "record", "running_step", "split_arguments",
+           "step_closure"]
 
 MSG_STALE_READ = """\
 A step closure of step {step} read {name!r}, but the state has already moved on to a
@@ -42,6 +60,22 @@ final step), e.g.
 and choose the steps with DataExecutor(..., checkpoint_steps=N)."""
 
 
+
+MSG_CHECKPOINT_OUTSIDE = """\
+Cannot fetch a checkpoint outside of an execution context. Call checkpoint closures
+inside the loop over a cstorch.utils.data.DataExecutor (or over a cstorch DataLoader),
+where checkpoint steps are known.{detail}"""
+
+
+class Executor(Protocol):
+    """What a loop that runs steps offers the closures (``DataExecutor`` does)."""
+
+    iteration: int  # the 0-based step running now
+
+    def should_run(self, step: int, kind: str) -> bool: ...
+    def note_output(self, output: Any) -> None: ...
+
+
 @dataclasses.dataclass
 class _Entry:
     step: int
@@ -49,122 +83,172 @@ class _Entry:
     args: tuple
     kwargs: dict
     kind: str  # "step", "checkpoint" or "summary" (cerebrax.summaries)
-    mark: int  # the queue's dispatch count when the values were produced
+    mark: int  # the dispatch count when the values were produced
 
 
-class ClosureQueue:
-    """The process-wide FIFO of closures waiting for their step's values."""
+@dataclasses.dataclass
+class ClosureCall:
+    """A closure called inside a traced step, as recorded while the step is traced.
 
-    def __init__(self) -> None:
-        self.pending: collections.deque[_Entry] = collections.deque()
-        self.dispatches = 0  # traced steps dispatched so far
-        self.last_outputs: list = []  # output arrays of the last traced step
-        self._running: _Entry | None = None
-        _state._READ_GUARDS.append(self._guard)
-
-    def _guard(self, ref: _state.StateRef) -> None:
-        entry = self._running
-        if entry is not None and entry.mark != self.dispatches:
-            raise StateError(MSG_STALE_READ.format(step=entry.step, name=ref.name))
-
-    def put(self, entry: _Entry) -> None:
-        self.pending.append(entry)
-
-    def run_until(self, step: int | None, executor: Any | None) -> None:
-        """Runs, in order, the queued closures of steps up to ``step`` (all if None)."""
-        while self.pending and (step is None or self.pending[0].step <= step):
-            entry = self.pending.popleft()
-            if executor is not None and not executor._should_run(entry.step, entry.kind):
-                continue
-            self._run(entry)
-
-    def _run(self, entry: _Entry) -> None:
-        if entry.kind == "summary" and _current_executor() is None:
-            return  # summaries go to the executor's writer: none here, fetch nothing
-        # Host sync point: materializing the arguments waits for their step.
-        args, kwargs = to_host((entry.args, entry.kwargs))
-        self._running = entry
-        try:
-            entry.fn(*args, **kwargs)
-        finally:
-            self._running = None
-
-    def clear(self) -> None:
-        self.pending.clear()
-
-    def running_step(self) -> int | None:
-        """The step of the closure running now (None when no closure runs)."""
-        return None if self._running is None else self._running.step
-
-
-QUEUE = ClosureQueue()
-
-
-def to_host(tree: Any) -> Any:
-    """``tree`` with every JAX array replaced by a numpy array (waits for the values).
-
-    On a mesh that spans processes, a step's closure arguments are replicated and read
-    from this process's devices; an array split over several processes is gathered
-    first, which every process does, since every process runs the same closures.
+    ``arguments`` is what the trace context keeps of ``(args, kwargs)``: it gives them
+    back, with tracers, when the program's outputs are chosen (:func:`split_arguments`).
     """
-    leaves, treedef = jax.tree.flatten(tree)
-    leaves = [readable(x) for x in leaves]
-    arrays = [x for x in leaves if isinstance(x, jax.Array)]
-    if len(arrays) > 1:
-        for x in arrays:
-            x.copy_to_host_async()  # start every transfer before waiting on the first
-    return jax.tree.unflatten(
-        treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])
+
+    fn: Callable[..., Any]
+    kind: str
+    arguments: Any
+    treedef: Any = None
+    statics: list | None = None  # non-array leaves; None where an array goes
+    slots: list | None = None    # positions of this call's arrays in the closure outputs
 
 
-# The DataExecutors whose loops are running (innermost last); owned by cerebrax.data.
-ACTIVE_EXECUTORS: list = []
+# ---- recording ------------------------------------------------------------------------
+
+def record(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str) -> None:
+    """A closure of ``kind`` ("step", "checkpoint" or "summary") was called."""
+    ctx = _state.active_context()
+    if ctx is not None:
+        ctx.add_closure(fn, args, kwargs, kind)
+        return
+    executor = current_executor()
+    if executor is None:
+        if kind == "summary":
+            return  # no executor, no writer: summaries are dropped
+        if kind == "checkpoint":
+            raise StateError(MSG_CHECKPOINT_OUTSIDE.format(detail=""))
+        args, kwargs = to_host((args, kwargs))
+        fn(*args, **kwargs)
+        return
+    step = executor.iteration
+    if kind != "step" and not executor.should_run(step, kind):
+        return
+    args, kwargs = _protect_from_donation((args, kwargs))
+    RUNTIME.closures.append(_Entry(step, fn, args, kwargs, kind, RUNTIME.dispatches))
 
 
-def _current_executor():
-    return ACTIVE_EXECUTORS[-1] if ACTIVE_EXECUTORS else None
+def split_arguments(calls: list[ClosureCall], unroute: Callable[[Any], Any]) -> list:
+    """The array arguments of ``calls``, in order, which become the program's outputs.
+
+    ``unroute(call.arguments)`` gives back ``(args, kwargs)`` with tracers; each call
+    remembers where its arrays are, to rebuild its arguments after the step.
+    """
+    arrays: list = []
+    for call in calls:
+        leaves, call.treedef = jax.tree.flatten(unroute(call.arguments))
+        call.statics, call.slots = [], []
+        for leaf in leaves:
+            if isinstance(leaf, jax.Array):
+                call.slots.append(len(arrays))
+                call.statics.append(None)
+                arrays.append(leaf)
+            else:
+                call.statics.append(leaf)
+    return arrays
 
 
-def _state_leaf_ids() -> set[int]:
-    return {id(leaf) for ref in _state.live_refs() for leaf in jax.tree.leaves(ref._value)}
+# ---- after a step ---------------------------------------------------------------------
+
+def after_dispatch(calls: list[ClosureCall], closure_arrays: list, outputs: list,
+                   result: Any, step_name: str) -> None:
+    """A traced step was dispatched: queue its closures with their arrays.
+
+    ``outputs`` are the step's output arrays (never donated, so closures may hold
+    them); ``result`` is what the step returned, which the executor may show.
+    """
+    RUNTIME.dispatches += 1
+    RUNTIME.last_outputs = outputs
+    executor = current_executor()
+    for call in calls:
+        it = iter(call.slots)
+        leaves = [closure_arrays[next(it)] if s is None else s for s in call.statics]
+        args, kwargs = jax.tree.unflatten(call.treedef, leaves)
+        if executor is None:
+            if call.kind == "checkpoint":
+                raise StateError(MSG_CHECKPOINT_OUTSIDE.format(
+                    detail=f" The traced step `{step_name}` calls a checkpoint closure "
+                    "but runs outside a DataExecutor."))
+            _run(_Entry(-1, call.fn, args, kwargs, call.kind, RUNTIME.dispatches))
+        else:
+            RUNTIME.closures.append(_Entry(executor.iteration, call.fn, args, kwargs,
+                                           call.kind, RUNTIME.dispatches))
+    if executor is not None:
+        executor.note_output(result)
+
+
+# ---- running ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def executor_scope(executor: Executor) -> Iterator[None]:
+    """The block where ``executor``'s loop runs steps; closures left over are dropped.
+
+    An earlier loop that an exception abandoned leaves its scope open: entering a new
+    one drops its closures.
+    """
+    if RUNTIME.executors:
+        RUNTIME.executors.clear()
+        RUNTIME.closures.clear()
+    RUNTIME.executors.append(executor)
+    try:
+        yield
+    finally:
+        if RUNTIME.executors and RUNTIME.executors[-1] is executor:
+            RUNTIME.executors.pop()
+
+
+def current_executor() -> Executor | None:
+    """The executor whose loop is running (innermost), or None."""
+    return RUNTIME.executors[-1] if RUNTIME.executors else None
+
+
+def drain(step: int | None = None) -> None:
+    """Runs, in order, the queued closures of steps up to ``step`` (all if None)."""
+    executor = current_executor()
+    queue = RUNTIME.closures
+    while queue and (step is None or queue[0].step <= step):
+        entry = queue.popleft()
+        if executor is not None and not executor.should_run(entry.step, entry.kind):
+            continue
+        _run(entry)
+
+
+def running_step() -> int | None:
+    """The step of the closure running now (None when no closure runs)."""
+    entry = RUNTIME.running_closure
+    return None if entry is None else entry.step
+
+
+def _run(entry: _Entry) -> None:
+    if entry.kind == "summary" and current_executor() is None:
+        return  # summaries go to the executor's writer: none here, fetch nothing
+    # Host sync point: materializing the arguments waits for their step.
+    args, kwargs = to_host((entry.args, entry.kwargs))
+    RUNTIME.running_closure = entry
+    try:
+        entry.fn(*args, **kwargs)
+    finally:
+        RUNTIME.running_closure = None
+
+
+def _guard_stale_read(ref: _state.StateRef) -> None:
+    """A closure running behind its step may not read state that moved on."""
+    entry = RUNTIME.running_closure
+    if entry is not None and entry.mark != RUNTIME.dispatches:
+        raise StateError(MSG_STALE_READ.format(step=entry.step, name=ref.name))
+
+
+_state.add_read_guard(_guard_stale_read)
 
 
 def _protect_from_donation(tree: Any) -> Any:
     """Copies arrays that are current state: the next step donates (deletes) those."""
     arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-    outputs = QUEUE.last_outputs
+    outputs = RUNTIME.last_outputs
     if all(any(x is out for out in outputs) for x in arrays):
         return tree  # the usual case: the step's own outputs, which are never donated
-    ids = _state_leaf_ids()
+    ids = {id(leaf) for ref in _state.live_refs() for leaf in jax.tree.leaves(ref._value)}
     return jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) and id(x) in ids else x, tree
     )
-
-
-def _enqueue_or_run(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str) -> None:
-    ctx = _state.active_context()
-    if ctx is not None:
-        ctx.add_closure(fn, args, kwargs, kind)
-        return
-    executor = _current_executor()
-    if executor is None:
-        if kind == "summary":
-            return  # no executor, no writer: summaries are dropped
-        if kind == "checkpoint":
-            raise StateError(
-                "Cannot fetch a checkpoint outside of an execution context. Call "
-                "checkpoint closures inside the loop over a cstorch.utils.data."
-                "DataExecutor (or over a cstorch DataLoader), where checkpoint steps "
-                "are known."
-            )
-        args, kwargs = to_host((args, kwargs))
-        fn(*args, **kwargs)
-        return
-    step = executor.iteration
-    if kind != "step" and not executor._should_run(step, kind):
-        return
-    args, kwargs = _protect_from_donation((args, kwargs))
-    QUEUE.put(_Entry(step, fn, args, kwargs, kind, QUEUE.dispatches))
 
 
 def step_closure(fn: Callable[..., Any]) -> Callable[..., None]:
@@ -185,7 +269,7 @@ def step_closure(fn: Callable[..., Any]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def closure(*args: Any, **kwargs: Any) -> None:
-        _enqueue_or_run(fn, args, kwargs, "step")
+        record(fn, args, kwargs, "step")
 
     closure.__cerebrax_closure__ = "step"  # type: ignore[attr-defined]
     return closure
@@ -202,7 +286,7 @@ def checkpoint_closure(fn: Callable[..., Any]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def closure(*args: Any, **kwargs: Any) -> None:
-        _enqueue_or_run(fn, args, kwargs, "checkpoint")
+        record(fn, args, kwargs, "checkpoint")
 
     closure.__cerebrax_closure__ = "checkpoint"  # type: ignore[attr-defined]
     return closure

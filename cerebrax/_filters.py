@@ -28,14 +28,23 @@ def is_torch_module(x: Any) -> bool:
                for c in type(x).__mro__)
 
 
-def is_array(x: Any, *, torch: bool = False) -> bool:
+def is_array(x: Any, *, torch: bool = False, like: bool = False) -> bool:
     """Whether ``x`` is an array: a JAX array (tracers included), numpy array or scalar.
 
-    Python numbers and None are not arrays. With ``torch=True`` torch tensors count too.
+    Python numbers and None are not arrays.
+
+    Args:
+      x: the value.
+      torch: torch tensors count too.
+      like: anything else with a ``shape`` and a ``dtype`` counts too
+        (``jax.ShapeDtypeStruct``, lazy checkpoint arrays).
     """
     if isinstance(x, (jax.Array, np.ndarray, np.generic)):
         return True
-    return torch and is_torch_tensor(x)
+    if torch and is_torch_tensor(x):
+        return True
+    return like and hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(
+        x, (bool, int, float, complex))
 
 
 def is_strict_int(x: Any) -> bool:
@@ -43,22 +52,22 @@ def is_strict_int(x: Any) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-def check_int(name: str, value: Any, minimum: int | None = None, *, optional: bool = False,
-              where: str = "", error: type[Exception] = ConfigError) -> int | None:
-    """``value`` as an int, or ``error`` naming ``name``, the value and the range.
+def check_int(what: str, value: Any, *, ge: int | None = None, gt: int | None = None,
+              optional: bool = False, error: type[Exception] = ConfigError) -> int | None:
+    """``value`` as an int, or ``error``: "{what} must be an integer >= ge, got value.".
 
     Args:
-      name: the argument's name, as the user wrote it.
+      what: the argument as the user wrote it, e.g. ``"DataExecutor(num_steps=...)"``.
       value: the value to check (a bool is refused: ``True`` is not a count).
-      minimum: the smallest value allowed, if any.
+      ge, gt: the bound, if any (``ge=1`` reads ">= 1", ``gt=0`` reads "> 0").
       optional: whether None is allowed (and returned).
-      where: the call the argument belongs to, e.g. ``"DataExecutor"``.
       error: the exception class to raise.
     """
     if value is None and optional:
         return None
-    if not is_strict_int(value) or (minimum is not None and value < minimum):
-        wanted = "an integer" if minimum is None else f"an integer >= {minimum}"
-        prefix = f"{where}: " if where else ""
-        raise error(f"{prefix}{name} must be {wanted}, got {value!r}.")
+    low_ok = (ge is None or (is_strict_int(value) and value >= ge)) and (
+        gt is None or (is_strict_int(value) and value > gt))
+    if not is_strict_int(value) or not low_ok:
+        relation = f" >= {ge}" if ge is not None else f" > {gt}" if gt is not None else ""
+        raise error(f"{what} must be an integer{relation}, got {value!r}.")
     return int(value)

@@ -23,12 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["is_torch_tensor", "to_numpy", "to_torch", "torch_to_jax"]
+from ._filters import is_torch_tensor
 
-
-def is_torch_tensor(x: Any) -> bool:
-    """Whether ``x`` is a torch tensor (checked without importing torch)."""
-    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+__all__ = ["to_numpy", "to_torch", "torch_to_jax"]
 
 
 @functools.cache
@@ -80,7 +77,7 @@ def to_numpy(x: Any) -> np.ndarray:
     A CPU torch tensor becomes a view of its memory (bfloat16 as ``ml_dtypes.bfloat16``
     through its bits); tensors on other devices are copied to the host.
     """
-    if type(x).__module__.startswith("torch"):
+    if is_torch_tensor(x):
         import torch
 
         t = x.detach().cpu()

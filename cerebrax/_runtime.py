@@ -33,7 +33,6 @@ class Runtime:
     slots: dict = dataclasses.field(default_factory=dict)       # index -> weakref(StateRef)
     optimizers: dict = dataclasses.field(default_factory=dict)  # index -> weakref(optimizer)
     trace_contexts: list = dataclasses.field(default_factory=list)  # innermost last
-    read_guards: list = dataclasses.field(default_factory=list)     # checks of state reads
     # ---- step closures (cerebrax._closures) ------------------------------------------
     closures: collections.deque = dataclasses.field(default_factory=collections.deque)
     dispatches: int = 0                   # traced steps dispatched so far

@@ -11,18 +11,23 @@ slots back, so imperative cstorch code becomes one pure function.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._placement import readable_tree
+from ._runtime import RUNTIME
 from .errors import StateError
 
-__all__ = ["Parameter", "StateRef", "live_refs"]
+__all__ = ["Parameter", "StateRef", "active_context", "add_read_guard", "current_generation",
+           "live_optimizers", "live_refs", "optimized_parameters", "register_optimizer",
+           "same_structure", "set_state_device", "tracing"]
 
 
 class _Context(Protocol):
@@ -30,15 +35,10 @@ class _Context(Protocol):
     def write(self, ref: StateRef, value: Any) -> None: ...
 
 
-# The innermost active trace context (set by cerebrax.trace), or None outside a step.
-_ACTIVE: list[_Context] = []
-# Hooks that guard reads outside a trace (installed by the closure queue).
+_IDS = itertools.count()  # creation order of slots and optimizers (never reset)
+# Checks run before every read of a slot outside a traced step: wiring, not state, so
+# cstorch.reset() keeps them (the closure queue installs one at import).
 _READ_GUARDS: list[Callable[[StateRef], None]] = []
-
-_IDS = itertools.count()
-_REGISTRY: dict[int, weakref.ref[StateRef]] = {}
-# Bumped by cerebrax.reset(): state of an older generation belongs to a dropped backend.
-_GENERATION = [0]
 
 MSG_STATE_IN_STEP = """\
 {what} was created inside a traced step. A traced step is captured once as a static
@@ -59,14 +59,37 @@ Right:
 
 def active_context() -> _Context | None:
     """The trace context of the step being traced, or None outside a traced step."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    contexts = RUNTIME.trace_contexts
+    return contexts[-1] if contexts else None
+
+
+@contextlib.contextmanager
+def tracing(context: _Context) -> Iterator[None]:
+    """Sends every read and write of state to ``context`` while the block runs."""
+    RUNTIME.trace_contexts.append(context)
+    try:
+        yield
+    finally:
+        RUNTIME.trace_contexts.pop()
+
+
+def add_read_guard(guard: Callable[[StateRef], None]) -> None:
+    """Calls ``guard(ref)`` before every read of a slot outside a traced step."""
+    _READ_GUARDS.append(guard)
+
+
+def current_generation() -> int:
+    """The generation of live state; ``cstorch.reset()`` starts the next one."""
+    return RUNTIME.generation
+
+
+def set_state_device(device: jax.Device | None) -> None:
+    """Where new slots place their values (the backend calls this when it starts)."""
+    RUNTIME.state_device = device
 
 
 def _state_device() -> jax.Device:
-    from .backend import current_backend
-
-    backend = current_backend(raise_exception=False)
-    return backend.device if backend is not None else jax.local_devices()[0]
+    return RUNTIME.state_device or jax.local_devices()[0]
 
 
 def as_state_leaf(x: Any) -> jax.Array:
@@ -95,23 +118,7 @@ def as_state_leaf(x: Any) -> jax.Array:
     return jax.device_put(arr, _state_device())
 
 
-def _readable(value: Any) -> Any:
-    """``value`` with leaves split over several processes gathered (a collective).
-
-    In a multi-process run (``cstorch.distributed.initialize``) a weight-streaming
-    shard lives on devices of several processes; reading it outside a step gathers
-    it, so every process must read the same state in the same order. Replicated and
-    single-process values are returned as they are.
-    """
-    leaves = jax.tree.leaves(value)
-    if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
-        return value
-    from ._placement import readable
-
-    return jax.tree.map(readable, value)
-
-
-def _same_structure(old: Any, new: Any) -> str | None:
+def same_structure(old: Any, new: Any) -> str | None:
     """Describes how ``new`` differs from ``old`` in tree structure, shape or dtype."""
     old_leaves, old_def = jax.tree.flatten(old)
     new_leaves, new_def = jax.tree.flatten(new)
@@ -144,15 +151,15 @@ class StateRef:
         self._value = jax.tree.map(as_state_leaf, value)
         self.name = name
         self.skippable = skippable
-        self.generation = _GENERATION[0]
+        self.generation = RUNTIME.generation
         self.index = next(_IDS)
-        _REGISTRY[self.index] = weakref.ref(self)
+        RUNTIME.slots[self.index] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
     def check_generation(self) -> None:
-        if self.generation != _GENERATION[0]:
+        if self.generation != RUNTIME.generation:
             raise StateError(
                 f"{self.name!r} was created under a backend that has since been reset "
                 "by cerebrax.reset(). Create the model, optimizer, schedulers and metrics "
@@ -166,7 +173,7 @@ class StateRef:
             return ctx.read(self)
         for guard in _READ_GUARDS:
             guard(self)
-        return _readable(self._value)
+        return readable_tree(self._value)  # gathered if split over processes
 
     @value.setter
     def value(self, new: Any) -> None:
@@ -175,7 +182,7 @@ class StateRef:
             ctx.write(self, new)
             return
         new = jax.tree.map(as_state_leaf, new)
-        problem = _same_structure(self._value, new)
+        problem = same_structure(self._value, new)
         if problem is not None:
             raise StateError(
                 f"Cannot assign a value with {problem} to {self.name!r}: a compiled step "
@@ -239,29 +246,30 @@ class Parameter(StateRef):
 def live_refs() -> list[StateRef]:
     """Every registered slot that is still alive, in creation order."""
     out = []
-    for index, wr in list(_REGISTRY.items()):
+    for index, wr in list(RUNTIME.slots.items()):
         ref = wr()
-        if ref is None or ref.generation != _GENERATION[0]:
-            _REGISTRY.pop(index, None)
+        if ref is None or ref.generation != RUNTIME.generation:
+            RUNTIME.slots.pop(index, None)
         else:
             out.append(ref)
     return out
 
 
-def drop_all() -> None:
-    """Forgets every registered slot (used by ``cerebrax.reset``)."""
-    _REGISTRY.clear()
-    _OPTIMIZERS.clear()
-    _GENERATION[0] += 1
-
-
-# Optimizers register here so that a traced step knows what to differentiate.
-_OPTIMIZERS: dict[int, weakref.ref[Any]] = {}
-
-
 def register_optimizer(optimizer: Any) -> None:
     """Records a live optimizer; its parameters are differentiated by traced steps."""
-    _OPTIMIZERS[next(_IDS)] = weakref.ref(optimizer)
+    RUNTIME.optimizers[next(_IDS)] = weakref.ref(optimizer)
+
+
+def live_optimizers() -> list[Any]:
+    """Every registered optimizer that is still alive and of the current generation."""
+    out = []
+    for key, wr in list(RUNTIME.optimizers.items()):
+        opt = wr()
+        if opt is None or getattr(opt, "generation", -1) != RUNTIME.generation:
+            RUNTIME.optimizers.pop(key, None)
+        else:
+            out.append(opt)
+    return out
 
 
 def optimized_parameters() -> list[Parameter]:
@@ -272,15 +280,12 @@ def optimized_parameters() -> list[Parameter]:
     ``cstorch.backward`` alone still yields gradients).
     """
     params: dict[Parameter, None] = {}
-    for key, wr in list(_OPTIMIZERS.items()):
-        opt = wr()
-        if opt is None or getattr(opt, "generation", -1) != _GENERATION[0]:
-            _OPTIMIZERS.pop(key, None)
-            continue
+    optimizers = live_optimizers()
+    for opt in optimizers:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
                     params[p] = None
-    if not _OPTIMIZERS:
+    if not optimizers:
         params = {r: None for r in live_refs() if isinstance(r, Parameter) and r.requires_grad}
     return list(params)

@@ -10,14 +10,14 @@ and its own shuffle.
 """
 
 from .backend import ClusterConfig as ClusterConfig
-from .data._context import get_ordinal as get_ordinal
-from .data._context import get_streaming_batch_size as get_streaming_batch_size
-from .data._context import get_streaming_rank as get_streaming_rank
-from .data._context import get_worker_state as get_worker_state
-from .data._context import is_master_ordinal as is_master_ordinal
-from .data._context import is_streamer as is_streamer
-from .data._context import num_receivers as num_receivers
-from .data._context import num_streamers as num_streamers
-from .data._context import num_tasks as num_tasks
+from .data._streamers import get_ordinal as get_ordinal
+from .data._streamers import get_streaming_batch_size as get_streaming_batch_size
+from .data._streamers import get_streaming_rank as get_streaming_rank
+from .data._streamers import get_worker_state as get_worker_state
+from .data._streamers import is_master_ordinal as is_master_ordinal
+from .data._streamers import is_streamer as is_streamer
+from .data._streamers import num_receivers as num_receivers
+from .data._streamers import num_streamers as num_streamers
+from .data._streamers import num_tasks as num_tasks
 from .wse._multiprocess import initialize as initialize
 from .wse._multiprocess import shutdown as shutdown

@@ -28,15 +28,16 @@ from typing import Any
 
 import jax
 
-from . import _closures, _state
-from ._context import DeferredValue, TraceContext, _ClosureSpec, _is_array, backward
-from ._context import deferrable as deferrable
-from ._context import deferrable_function as deferrable_function
-from .backend import _backend
-from .errors import RecompileError, StateError, TensorReadError
+from . import _closures, _state, wse
+from ._filters import is_array, is_torch_tensor
+from ._interop import torch_to_jax
 from ._placement import put_many
+from ._trace_context import DeferredValue, TraceContext, backward
+from .backend import Backend, get_or_create_backend
+from .errors import RecompileError, StateError, TensorReadError
 
-__all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace"]
+__all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace",
+           "write_artifacts"]
 
 MSG_TENSOR_READ = """\
 It is not allowed to read a tensor's contents outside of a step closure.
@@ -75,14 +76,6 @@ _READ_ERRORS = (
 )
 
 
-def _to_device_input(x: Any) -> Any:
-    if type(x).__module__.startswith("torch"):
-        from ._interop import torch_to_jax
-
-        return torch_to_jax(x)
-    return x
-
-
 class TracedStep:
     """A step function compiled once into one ``jax.jit`` program. See :func:`trace`."""
 
@@ -100,7 +93,7 @@ class TracedStep:
         self._diff_refs: list[_state.Parameter] = []
         self._backend = None
         self._out_spec: tuple | None = None
-        self._closure_specs: list[_ClosureSpec] = []
+        self._closure_calls: list[_closures.ClosureCall] = []
         self._modes: list[tuple[Any, bool]] = []
         self._state_shardings: list | None = None
         self._input_shardings: list | None = None
@@ -109,13 +102,13 @@ class TracedStep:
     # ---- input signature -------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict):
         # torch tensors are leaves, not pytrees (only checked once torch is imported).
-        is_leaf = _is_torch_tensor if "torch" in sys.modules else None
+        is_leaf = is_torch_tensor if "torch" in sys.modules else None
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_leaf)
         dynamic, statics = [], []
         for leaf in leaves:
-            if is_leaf is not None:
-                leaf = _to_device_input(leaf)
-            if _is_array(leaf):
+            if is_leaf is not None and is_torch_tensor(leaf):
+                leaf = torch_to_jax(leaf)
+            if is_array(leaf):
                 dynamic.append(leaf)
                 statics.append(None)
             else:
@@ -151,7 +144,7 @@ class TracedStep:
                 )
             )
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
-            (args, kwargs), is_leaf=_is_torch_tensor)[0]]
+            (args, kwargs), is_leaf=is_torch_tensor)[0]]
         dyn_index = 0
         for path, old_static, new_static in zip(paths, old_statics, new_statics):
             arg = self._argument_name(path)
@@ -175,7 +168,7 @@ class TracedStep:
         return RecompileError(MSG_RECOMPILE.format(name=name, what="other inputs", new="new ones"))
 
     # ---- building the program --------------------------------------------------------
-    def _build(self, key: tuple, treedef: Any, backend: _backend.Backend) -> None:
+    def _build(self, key: tuple, treedef: Any, backend: Backend) -> None:
         self._reset_program()
         self._key = key
         self._backend = backend
@@ -188,15 +181,13 @@ class TracedStep:
             leaves = [next(it) if s is None else s for s in statics]
             args, kwargs = jax.tree.unflatten(treedef, leaves)
             ctx = TraceContext(self, self._refs, state_values)
-            _state._ACTIVE.append(ctx)
             try:
-                out = ctx.run(self._fn, args, kwargs)
+                with _state.tracing(ctx):
+                    out = ctx.run(self._fn, args, kwargs)
             except _READ_ERRORS as e:
                 raise TensorReadError(
                     MSG_TENSOR_READ.format(name=self.__name__, detail=_first_line(e))
                 ) from e
-            finally:
-                _state._ACTIVE.pop()
             self._modes = [(m, m.training) for m in ctx.models_used]
             new_values, out_arrays, closure_arrays = self._finish(ctx, state_values, out)
             if self._state_shardings is not None:
@@ -237,24 +228,10 @@ class TracedStep:
         out_leaves, out_def = jax.tree.flatten(
             out, is_leaf=lambda x: isinstance(x, DeferredValue)
         )
-        out_arrays = [x for x in out_leaves if isinstance(x, (jax.Array, jax.core.Tracer))]
-        self._out_spec = (out_def, [
-            None if isinstance(x, (jax.Array, jax.core.Tracer)) else x for x in out_leaves
-        ])
-        closure_arrays = []
-        for spec in ctx.closures:
-            tree = ctx.unroute(spec.routed)
-            leaves, spec.treedef = jax.tree.flatten(tree)
-            spec.statics = []
-            spec.slots = []
-            for leaf in leaves:
-                if isinstance(leaf, (jax.Array, jax.core.Tracer)):
-                    spec.slots.append(len(closure_arrays))
-                    spec.statics.append(None)
-                    closure_arrays.append(leaf)
-                else:
-                    spec.statics.append(leaf)
-        self._closure_specs = ctx.closures
+        out_arrays = [x for x in out_leaves if isinstance(x, jax.Array)]
+        self._out_spec = (out_def, [None if isinstance(x, jax.Array) else x for x in out_leaves])
+        closure_arrays = _closures.split_arguments(ctx.closures, ctx.unroute)
+        self._closure_calls = ctx.closures
         return new_values, out_arrays, closure_arrays
 
     # ---- calling ---------------------------------------------------------------------
@@ -264,7 +241,7 @@ class TracedStep:
                 f"The traced step `{self.__name__}` was called inside another traced "
                 "step. Call the inner function directly; only the outer one is traced."
             )
-        backend = _backend.current_backend(raise_exception=False) or _backend.backend("CPU")
+        backend = get_or_create_backend(None)
         key, dynamic, _, treedef = self._split(args, kwargs)
         if self._jit is None or backend is not self._backend:
             self._build(key, treedef, backend)
@@ -280,16 +257,11 @@ class TracedStep:
         new_states, out_arrays, closure_arrays = self._jit(states, dynamic)
         for ref, value in zip(self._refs, new_states):
             ref._value = value
-        _closures.QUEUE.dispatches += 1
-        _closures.QUEUE.last_outputs = out_arrays
-        executor = _closures._current_executor()
-        if self._closure_specs:
-            self._queue_closures(closure_arrays, executor)
         out_def, out_statics = self._out_spec
         it = iter(out_arrays)
         out = jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
-        if executor is not None:
-            executor._note_output(out)
+        _closures.after_dispatch(self._closure_calls, closure_arrays, out_arrays, out,
+                                 self.__name__)
         return out
 
     def _check_modes(self) -> None:
@@ -303,25 +275,6 @@ class TracedStep:
                     "evaluation, and call model.train() / model.eval() before each."
                 )
 
-    def _queue_closures(self, closure_arrays: list, executor: Any) -> None:
-        for spec in self._closure_specs:
-            it = iter(spec.slots)
-            leaves = [closure_arrays[next(it)] if s is None else s for s in spec.statics]
-            args, kwargs = jax.tree.unflatten(spec.treedef, leaves)
-            if executor is None:
-                if spec.kind == "checkpoint":
-                    raise StateError(
-                        "Cannot fetch a checkpoint outside of an execution context: "
-                        f"the traced step `{self.__name__}` calls a checkpoint closure but "
-                        "runs outside a DataExecutor."
-                    )
-                _closures.QUEUE._run(_closures._Entry(
-                    -1, spec.fn, args, kwargs, spec.kind, _closures.QUEUE.dispatches))
-            else:
-                _closures.QUEUE.put(_closures._Entry(
-                    executor.iteration, spec.fn, args, kwargs, spec.kind,
-                    _closures.QUEUE.dispatches))
-
     def _compile_or_validate(self, backend, states: list, dynamic: list) -> Any:
         if backend.validate_only:
             shapes = jax.eval_shape(self._jit, states, dynamic)
@@ -331,14 +284,12 @@ class TracedStep:
             lowered = self._jit.lower(states, dynamic)
             compiled = lowered.compile()
             shapes = jax.eval_shape(self._jit, states, dynamic)
-            _write_artifacts(backend.compile_dir, self.__name__, lowered, compiled,
-                             time.perf_counter() - start)
+            write_artifacts(backend.compile_dir, self.__name__, lowered, compiled,
+                            time.perf_counter() - start)
             if getattr(backend, "wafer", None) is not None:
-                from .wse._memory import report_for_compiled
-
                 path = os.path.join(backend.compile_dir, f"{self.__name__}.memory.txt")
                 with open(path, "a") as f:
-                    f.write(report_for_compiled(self, compiled).format() + "\n")
+                    f.write(wse.report_for_compiled(self, compiled).format() + "\n")
         _, out_shapes, _ = shapes
         out_def, out_statics = self._out_spec
         it = iter(out_shapes)
@@ -346,7 +297,7 @@ class TracedStep:
 
     def lower(self, *args: Any, **kwargs: Any):
         """Lowers the step for these inputs (``jax.stages.Lowered``), running nothing."""
-        backend = _backend.current_backend(raise_exception=False) or _backend.backend("CPU")
+        backend = get_or_create_backend(None)
         key, dynamic, _, treedef = self._split(args, kwargs)
         if self._jit is None or key != self._key:
             self._build(key, treedef, backend)
@@ -358,7 +309,7 @@ class TracedStep:
         if self._state_shardings is None:
             return states, dynamic
         # On a mesh that spans processes, each process copies the slices its devices
-        # hold from the global values it was given (cerebrax.wse._multiprocess).
+        # hold from the global values it was given (cerebrax._placement).
         put = put_many if self._spans_processes else jax.device_put
         states = put(states, self._state_shardings)
         for ref, value in zip(self._refs, states):
@@ -366,7 +317,14 @@ class TracedStep:
         return states, put(dynamic, self._input_shardings)
 
 
-def _write_artifacts(directory: str, name: str, lowered, compiled, seconds: float) -> None:
+def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seconds: float,
+                    *, what: str | None = None) -> None:
+    """Writes a compiled step's HLO text and XLA memory analysis under ``directory``.
+
+    ``{name}.hlo.txt`` holds the lowered program, ``{name}.memory.txt`` the compile
+    time and XLA's argument, output, temporary, alias and code sizes in bytes.
+    ``what`` names the step in the printed line (default: the name in backquotes).
+    """
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, f"{name}.hlo.txt"), "w") as f:
         f.write(lowered.as_text())
@@ -379,7 +337,8 @@ def _write_artifacts(directory: str, name: str, lowered, compiled, seconds: floa
             lines.append(f"{field}: {getattr(memory, field, 'n/a')}")
     with open(os.path.join(directory, f"{name}.memory.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"[cerebrax] compiled `{name}` in {seconds:.2f} s; artifacts in {directory}")
+    what = what or f"`{name}`"
+    print(f"[cerebrax] compiled {what} in {seconds:.2f} s; artifacts in {directory}")
 
 
 def _match_dtype(new: Any, old: Any) -> Any:
@@ -399,10 +358,6 @@ def _same_static(a: Any, b: Any) -> bool:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"(JAX said: {text[0]})" if text else ""
-
-
-def _is_torch_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "numpy")
 
 
 def trace(fn: Callable[..., Any]) -> TracedStep:

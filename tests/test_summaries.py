@@ -180,7 +180,7 @@ def test_without_a_writer_nothing_is_written_and_nothing_fails(tmp_path):
     losses, _, _, step = train(3)
     assert np.all(np.isfinite(losses))
     assert event_files(tmp_path) == []
-    assert not cstorch._closures.QUEUE.pending
+    assert not cstorch._runtime.RUNTIME.closures
     # Outside any executor the calls do nothing either, traced or not.
     x, y = batches(1)[0]
     step(x, y)

@@ -2,12 +2,13 @@
 
 ``convert(module)`` exports the module with ``torch.export``, decomposes it to core ATen
 and lowers every op with a registry of small JAX functions (``lowering``).
-``model_adapter(module)`` plugs a module into ``cerebrax.compile``.
+``cerebrax.compile`` runs torch modules through it (``cerebrax.models``); the bridge
+itself depends only on cerebrax's bottom layer (``cerebrax.errors``, ``cerebrax._filters``).
 """
 
-from ._adapter import TorchModelAdapter as TorchModelAdapter
-from ._adapter import model_adapter as model_adapter
 from ._convert import Converted as Converted
 from ._convert import convert as convert
-from ._registry import lowered_ops as lowered_ops
-from ._registry import lowering as lowering
+from .ops._dtypes import to_jax as to_jax
+from ._program import Program as Program
+from .ops._registry import lowered_ops as lowered_ops
+from .ops._registry import lowering as lowering

@@ -11,8 +11,10 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from cerebrax._filters import is_array
+
 from . import ops as _ops  # noqa: F401  (registers the built-in lowerings)
-from ._dtypes import export_dtype, is_array, jax_dtype, to_jax
+from .ops._dtypes import export_dtype, jax_dtype, to_jax
 from ._export import export_program
 from ._program import Program
 
@@ -34,11 +36,13 @@ def _named_state(
     return tensors, canonical
 
 
+# Array inputs of a call: jax, numpy and torch arrays, and anything with shape and dtype.
+_is_input_array = functools.partial(is_array, torch=True, like=True)
 _ARRAY = object()  # stands for an array leaf in a call's template
 
 
 def _leaf_signature(x: Any) -> Any:
-    if is_array(x):
+    if _is_input_array(x):
         if isinstance(x, torch.Tensor):
             dtype = jax_dtype(x.dtype)
         else:
@@ -98,7 +102,7 @@ class Converted:
         return program
 
     def _example(self, x: Any) -> Any:
-        if isinstance(x, torch.Tensor) or not is_array(x):
+        if isinstance(x, torch.Tensor) or not _is_input_array(x):
             return x
         dtype = export_dtype(x.dtype)
         if dtype.is_floating_point and self._float_dtype is not None:
@@ -116,7 +120,7 @@ class Converted:
         """``apply`` with the inputs as a tuple and a dict, in either mode."""
         program = self.program(args, kwargs, train=train)
         leaves, _ = pytree.tree_flatten((tuple(args), dict(kwargs)))
-        inputs = [to_jax(x) if is_array(x) else x for x in leaves]
+        inputs = [to_jax(x) if _is_input_array(x) else x for x in leaves]
         outs, mutated = program.run(params, buffers, inputs, key)
         new_buffers = dict(buffers)
         for name, value in mutated.items():
@@ -158,9 +162,9 @@ class Converted:
             self._key, key = jax.random.split(self._key)
         fn = self._calls.get(signature)
         if fn is None:
-            template = [_ARRAY if is_array(x) else x for x in leaves]
+            template = [_ARRAY if _is_input_array(x) else x for x in leaves]
             fn = self._calls[signature] = jax.jit(functools.partial(self._call, spec, template))
-        arrays = [to_jax(x) for x in leaves if is_array(x)]
+        arrays = [to_jax(x) for x in leaves if _is_input_array(x)]
         out, new_buffers = fn(self.params, self.buffers, arrays, key)
         if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(new_buffers)):
             self.buffers = new_buffers

@@ -13,6 +13,8 @@ import torch._decomp
 from torch._C import DispatchKey
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .ops import _custom  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
+
 __all__ = ["KEPT_WHOLE", "export_program"]
 
 aten = torch.ops.aten
@@ -110,19 +112,8 @@ def _decompositions() -> Any:
 # ---- gradient stops ------------------------------------------------------------------
 # Decomposition produces an inference graph: `x.detach()` becomes an alias and a
 # `torch.no_grad()` block is inlined, so jax.grad would differentiate through both.
-# Before decomposing, both are marked with this op, which survives decomposition and
-# lowers to `lax.stop_gradient`.
-@torch.library.custom_op("torch_bridge::stop_gradient", mutates_args=())
-def stop_gradient(x: torch.Tensor) -> torch.Tensor:
-    """Identity whose output carries no gradient (marks `detach` and no-grad blocks)."""
-    return x.clone()
-
-
-@stop_gradient.register_fake
-def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
+# Before decomposing, both are marked with `torch.ops.torch_bridge.stop_gradient`
+# (defined with its lowering in `ops`), which survives decomposition.
 def _is_no_grad_block(node: torch.fx.Node) -> bool:
     return (node.op == "call_function"
             and node.target is torch.ops.higher_order.wrap_with_set_grad_enabled

@@ -19,7 +19,7 @@ from torch.fx.node import map_arg
 from cerebrax.errors import UnsupportedOpError
 
 from . import _registry
-from ._dtypes import jax_dtype, to_jax
+from .ops._dtypes import jax_dtype, to_jax
 
 __all__ = ["Program", "ProgramStage", "layer_path"]
 

@@ -13,7 +13,7 @@ import jax
 import optax
 
 from .. import amp, metrics, optim
-from .._compile import compile as compile_model
+from ..models import compile as compile_model
 from ..backend import ClusterConfig, backend
 from ..data import DataLoader
 from ..errors import ConfigError

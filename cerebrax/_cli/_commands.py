@@ -19,7 +19,7 @@ from ..amp import optimizer_step
 from ..ckpt import load, save
 from ..data import DataExecutor
 from ..errors import ConfigError
-from ..trace import _write_artifacts, trace
+from ..trace import trace, write_artifacts
 from . import _build
 from ._config import InputSpec, JobConfig
 
@@ -261,7 +261,7 @@ def run_compile(job: JobConfig, *, mode: str, validate_only: bool) -> None:
             started = time.perf_counter()
             lowered = step_fn.lower(*batch)
             compiled = lowered.compile()
-            _write_artifacts(
+            write_artifacts(
                 run.compile_dir, name, lowered, compiled, time.perf_counter() - started
             )
     if not validate_only:

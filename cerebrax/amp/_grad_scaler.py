@@ -17,7 +17,8 @@ import jax.numpy as jnp
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from ..trace import backward, deferrable
+from .._trace_context import backward, deferrable
+from ..backend import current_backend
 
 __all__ = ["GradScaler", "ScaledLoss"]
 
@@ -115,7 +116,6 @@ class GradScaler:
     # ---- helpers ---------------------------------------------------------------------
     @staticmethod
     def _active() -> bool:
-        from ..backend import current_backend
 
         backend = current_backend(raise_exception=False)
         return backend is not None and backend.is_csx

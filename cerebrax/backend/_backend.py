@@ -10,8 +10,10 @@ from typing import Any
 import jax
 
 from .. import _state
+from .._placement import local_device
+from .._runtime import RUNTIME
 from ..errors import BackendError, ConfigError
-from ._cluster import MODE_ALIASES, ClusterConfig
+from ..wse import MODE_ALIASES, ClusterConfig, Layout, build_wafer
 
 __all__ = [
     "Backend",
@@ -25,8 +27,6 @@ __all__ = [
 
 BACKEND_TYPES = ("CPU", "GPU", "CSX")
 
-_CURRENT: list[Backend] = []
-_RUN_CONFIG: list[RunConfig] = []
 
 MSG_SECOND_BACKEND = """\
 Cannot instantiate multiple backends: a {old} backend already exists in this process
@@ -93,13 +93,11 @@ class Backend:
         self.cluster_config = cluster_config
         self.allow_recompile = bool(allow_recompile)
         self.device = device if device is not None else _default_device(backend_type)
-        self.generation = _state._GENERATION[0]
+        self.generation = _state.current_generation()
         # A CSX backend whose ClusterConfig spans several devices runs on a wafer mesh.
         self.wafer = None
         self.layout = None
         if backend_type == "CSX" and cluster_config is not None and device is None:
-            from ..wse import Layout, build_wafer
-
             self.wafer = build_wafer(cluster_config)
             if self.wafer is not None:
                 self.layout = Layout(self.wafer)
@@ -206,18 +204,20 @@ def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backe
                 "backend() got arguments but no backend type. Pass the type first: "
                 "cstorch.backend('CSX', cluster_config=...)."
             )
-        return _CURRENT[0] if _CURRENT else None
+        return RUNTIME.backend
     if args:
         raise ConfigError(
             f"backend({backend_type!r}, ...) takes its options as keyword arguments, "
             f"got {len(args)} positional argument(s)."
         )
     kind = _check_type(backend_type)
-    if _CURRENT:
-        raise BackendError(MSG_SECOND_BACKEND.format(old=_CURRENT[0].backend_type, new=kind))
+    if RUNTIME.backend is not None:
+        raise BackendError(MSG_SECOND_BACKEND.format(old=RUNTIME.backend.backend_type,
+                                                     new=kind))
     options = _validate_options(kind, dict(kwargs))
     new = Backend(kind, **options)
-    _CURRENT.append(new)
+    RUNTIME.backend = new
+    _state.set_state_device(new.device)
     return new
 
 
@@ -270,8 +270,8 @@ def _validate_options(kind: str, options: dict[str, Any]) -> dict[str, Any]:
 def current_backend(raise_exception: bool = True, raise_warning: bool = True) -> Backend | None:
     """The active backend; raises (or returns None) when there is none."""
     del raise_warning  # cstorch warns that this function is deprecated; cerebrax keeps it.
-    if _CURRENT:
-        return _CURRENT[0]
+    if RUNTIME.backend is not None:
+        return RUNTIME.backend
     if raise_exception:
         raise BackendError(
             "No active Cerebras backend found. Create one with cstorch.backend('CPU') "
@@ -284,14 +284,14 @@ def current_backend(raise_exception: bool = True, raise_warning: bool = True) ->
 def get_or_create_backend(spec: Backend | str | None) -> Backend:
     """Resolves the ``backend`` argument of ``cstorch.compile``."""
     if isinstance(spec, Backend):
-        if not _CURRENT or _CURRENT[0] is not spec:
+        if RUNTIME.backend is not spec:
             raise BackendError(
                 "Compile got a different backend than the currently initialized backend. "
                 "Pass the backend returned by cstorch.backend(...), or pass nothing."
             )
         return spec
     if spec is None:
-        return _CURRENT[0] if _CURRENT else backend("CPU")
+        return RUNTIME.backend or backend("CPU")
     if not isinstance(spec, str):
         raise ConfigError(
             f"compile(model, backend=...) expects a Backend or one of "
@@ -299,8 +299,8 @@ def get_or_create_backend(spec: Backend | str | None) -> Backend:
         )
     mode = MODE_ALIASES.get(spec.lower())
     kind = "CSX" if mode else _check_type(spec)
-    if _CURRENT:
-        existing = _CURRENT[0]
+    if RUNTIME.backend is not None:
+        existing = RUNTIME.backend
         if existing.backend_type != kind:
             raise BackendError(
                 f"compile(model, {spec!r}) asks for a {kind} backend, but a "
@@ -339,16 +339,16 @@ def configure(
     later uses; ``checkpoint_steps`` is the default of every ``DataExecutor`` and of
     iterating a ``DataLoader`` directly.
     """
-    if _RUN_CONFIG:
+    if RUNTIME.run_config is not None:
         raise BackendError(
             "cstorch.configure() was already called in this process. It configures the "
             "run once, globally; run a different configuration in a separate process "
             "(or call cstorch.reset() first in tests and notebooks)."
         )
-    if _CURRENT:
+    if RUNTIME.backend is not None:
         raise BackendError(
             "cstorch.configure() must be called before the backend is created "
-            f"(a {_CURRENT[0].backend_type} backend exists already)."
+            f"(a {RUNTIME.backend.backend_type} backend exists already)."
         )
     if _state.live_refs():
         raise BackendError(
@@ -381,16 +381,13 @@ def configure(
         checkpoint_steps=checkpoint_steps,
         cluster_config=cluster,
     )
-    _RUN_CONFIG.append(config)
+    RUNTIME.run_config = config
     return config
 
 
 def run_config() -> RunConfig:
     """The configuration given to ``configure`` (defaults if it was not called)."""
-    return _RUN_CONFIG[0] if _RUN_CONFIG else RunConfig()
-
-
-_RESET_HOOKS: list = []
+    return RUNTIME.run_config or RunConfig()
 
 
 def reset() -> None:
@@ -398,10 +395,7 @@ def reset() -> None:
 
     For tests and notebooks: afterwards ``configure`` and ``backend`` may be called
     again. Models, optimizers, schedulers and metrics created before the reset can
-    no longer be used; create them again.
+    no longer be used; create them again. Queued step closures are dropped and data
+    streams stopped (see :class:`cerebrax._runtime.Runtime`).
     """
-    for hook in _RESET_HOOKS:
-        hook()
-    _CURRENT.clear()
-    _RUN_CONFIG.clear()
-    _state.drop_all()
+    RUNTIME.reset()

@@ -1,7 +1,7 @@
 """Data loading and the step executor (re-exported as ``cerebrax.utils.data``)."""
 
-from ._context import DataLoaderCheckpoint as DataLoaderCheckpoint
-from ._context import RestartableDataLoader as RestartableDataLoader
+from ._streamers import DataLoaderCheckpoint as DataLoaderCheckpoint
+from ._streamers import RestartableDataLoader as RestartableDataLoader
 from ._dataloader import DataLoader as DataLoader
 from ._dataloader import compute_num_steps as compute_num_steps
 from ._dataloader import to_device as to_device

@@ -7,7 +7,7 @@ on the backend's device while the asynchronous step runs: by worker threads that
 few ready when there are several streaming workers or the device is an accelerator, in
 the stepping thread for one streamer on a CPU backend (see ``_workers``); the sharding
 helpers of ``cstorch.distributed`` tell an ``input_fn`` which worker it runs in (see
-``_context``).
+``_streamers``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from ..errors import ConfigError, StateError
-from . import _context, _workers
+from . import _streamers, _workers
 
 __all__ = ["DataLoader", "compute_num_steps", "to_device"]
 
@@ -242,7 +242,7 @@ class DataLoader:
         """
         with self._source_lock:
             if self._source is None:
-                with _context.bind(_context.user_node_info()):
+                with _streamers.bind(_streamers.user_node_info()):
                     self._source = self._call_input_fn()
             return self._source
 
@@ -270,7 +270,7 @@ class DataLoader:
         if there is one, else from the beginning. Closing the iterator (or dropping it)
         stops the worker threads.
         """
-        infos = _context.worker_infos()
+        infos = _streamers.worker_infos()
         if infos[0].workers:
             make_source = self._call_input_fn  # every worker builds its own iterable
         else:
@@ -313,7 +313,7 @@ class DataLoader:
             }
         if self._resume is not None:
             return copy.deepcopy(self._resume)
-        infos = _context.worker_infos()
+        infos = _streamers.worker_infos()
         return {
             "version": STATE_VERSION,
             "num_csx": infos[0].num_csx,
@@ -345,7 +345,7 @@ class DataLoader:
         self._stream = None
 
     def _take_resume(
-        self, infos: list[_context.StreamerInfo]
+        self, infos: list[_streamers.StreamerInfo]
     ) -> tuple[int, list[_workers.WorkerPosition] | None]:
         state, self._resume = self._resume, None
         if state is None:

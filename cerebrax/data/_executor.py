@@ -13,21 +13,21 @@ from ._progress import ProgressBar
 
 __all__ = ["DataExecutor", "current_executor", "current_executor_or_none"]
 
-_ACTIVE: list[DataExecutor] = _closures.ACTIVE_EXECUTORS
 
 
 def current_executor_or_none() -> DataExecutor | None:
-    return _ACTIVE[-1] if _ACTIVE else None
+    return _closures.current_executor()
 
 
 def current_executor() -> DataExecutor:
     """The executor whose loop is running; raises when there is none."""
-    if not _ACTIVE:
+    executor = _closures.current_executor()
+    if executor is None:
         raise StateError(
             "Detected that a data executor was not used. Iterate over a "
             "cstorch.utils.data.DataExecutor(dataloader, num_steps=...) to run steps."
         )
-    return _ACTIVE[-1]
+    return executor
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -128,7 +128,9 @@ class DataExecutor:
         step = self.iteration if step is None else step
         return step == self.num_steps - 1 or (step + 1) % self.activation_steps == 0
 
-    def _should_run(self, step: int, kind: str) -> bool:
+    # ---- the closures' executor protocol (cerebrax._closures) ---------------------------
+    def should_run(self, step: int, kind: str) -> bool:
+        """Whether a closure of ``kind`` called at 0-based ``step`` runs."""
         if not self._e2e:
             return False
         if kind == "checkpoint":
@@ -137,7 +139,8 @@ class DataExecutor:
             return False
         return self.is_activation_step(step)
 
-    def _note_output(self, output: Any) -> None:
+    def note_output(self, output: Any) -> None:
+        """Shows what a step returned (its loss) in the progress bar."""
         if self.progress is not None:
             self.progress.note_output(output)
 
@@ -146,39 +149,39 @@ class DataExecutor:
         return self.num_steps
 
     def __iter__(self) -> Iterator[Any]:
-        if _ACTIVE:
-            # An earlier loop was abandoned (an exception left it): its closures are dropped.
-            _ACTIVE.clear()
-            _closures.QUEUE.clear()
         backend = current_backend(raise_exception=False)
         device = backend.device if backend is not None else None
         if getattr(backend, "layout", None) is not None:
             device = backend.layout.batch  # split over the wafer's data-parallel axes
         show = self._progress_bar
         self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
-        _ACTIVE.append(self)
         finished = False
-        batches = self.dataloader.batches(device)
+        with _closures.executor_scope(self):
+            batches = self.dataloader.batches(device)
+            try:
+                for step in range(self.num_steps):
+                    if step > 0:
+                        self._between_steps(step)
+                    self.iteration = step
+                    yield self._next_batch(batches, backend)
+                finished = True
+            finally:
+                batches.close()  # stops the streaming threads now, not at garbage collection
+                self._finish(finished)
+
+    def _finish(self, finished: bool) -> None:
+        """Runs the closures left, flushes the writer, closes the progress bar."""
+        if _closures.current_executor() is not self:
+            return  # a newer loop took over: this one's closures were dropped
         try:
-            for step in range(self.num_steps):
-                if step > 0:
-                    self._between_steps(step)
-                self.iteration = step
-                yield self._next_batch(batches, backend)
-            finished = True
+            _closures.drain()
+            if callable(getattr(self.writer, "flush", None)):
+                self.writer.flush()
         finally:
-            batches.close()  # stops the streaming threads now, not at garbage collection
-            if _ACTIVE and _ACTIVE[-1] is self:
-                try:
-                    _closures.QUEUE.run_until(None, self)
-                    if callable(getattr(self.writer, "flush", None)):
-                        self.writer.flush()
-                finally:
-                    _ACTIVE.pop()
-                    if self.progress is not None:
-                        if finished:
-                            self.progress.update(self.num_steps)
-                        self.progress.close()
+            if self.progress is not None:
+                if finished:
+                    self.progress.update(self.num_steps)
+                self.progress.close()
 
     @staticmethod
     def _next_batch(batches: Iterator[Any], backend: Any) -> Any:
@@ -199,9 +202,9 @@ class DataExecutor:
     def _between_steps(self, step: int) -> None:
         previous = step - 1
         if self.is_checkpoint_step(previous):
-            _closures.QUEUE.run_until(None, self)
+            _closures.drain()
         else:
             # Run closures up to step - 2: step - 1 is still computing, keep it busy.
-            _closures.QUEUE.run_until(step - 2, self)
+            _closures.drain(step - 2)
         if self.progress is not None:
             self.progress.update(step)

@@ -1,6 +1,6 @@
 """Streaming workers: threads that build, convert, place and prefetch a DataLoader's batches.
 
-Layout. A stream has one thread per streaming rank (see ``_context``). Each calls
+Layout. A stream has one thread per streaming rank (see ``_streamers``). Each calls
 ``input_fn`` itself (a run without CSX workers reuses the user node's iterable), converts
 its batches to numpy on the host and puts them into its own bounded queue. One feeder
 thread takes the batches in a fixed order -- step ``s`` takes the next batch of local
@@ -27,15 +27,18 @@ import copy
 import dataclasses
 import queue
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
+from .._filters import is_array, is_torch_tensor
+from .._interop import to_numpy
+from .._placement import put_many
+from .._runtime import RUNTIME
 from ..errors import ConfigError, StateError
-from ._context import (
+from ._streamers import (
     DataLoaderCheckpoint,
     RestartableDataLoader,
     StreamerInfo,
@@ -43,7 +46,7 @@ from ._context import (
     worker_state,
 )
 
-__all__ = ["Stream", "WorkerPosition", "close_all_streams", "place", "to_host"]
+__all__ = ["Stream", "WorkerPosition", "place", "to_host"]
 
 _POLL_S = 0.05  # how often a blocked put or get looks at the stop event
 _JOIN_S = 2.0  # how long close() waits for the threads, in all
@@ -66,20 +69,10 @@ torch DataLoader), or run no more steps than one pass (num_steps=...)."""
 # ---- batch conversion -------------------------------------------------------------------------
 
 
-def _is_torch_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
-
-
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (np.ndarray, np.generic, jax.Array))
-
-
 def to_host(batch: Any) -> Any:
     """``batch`` with every torch tensor leaf (bfloat16 included) as a numpy array."""
-    from .._interop import to_numpy
-
     return jax.tree.map(
-        lambda x: to_numpy(x) if _is_torch_tensor(x) else x, batch, is_leaf=_is_torch_tensor
+        lambda x: to_numpy(x) if is_torch_tensor(x) else x, batch, is_leaf=is_torch_tensor
     )
 
 
@@ -89,10 +82,8 @@ def place(batch: Any, placement: Any) -> Any:
     On a mesh that spans processes each process copies only its own devices' slices
     of the global batch, and no collective runs (placement may run in a data thread).
     """
-    from .._placement import put_many
-
     leaves, treedef = jax.tree.flatten(batch)
-    where = [i for i, x in enumerate(leaves) if _is_array(x) and not _on(x, placement)]
+    where = [i for i, x in enumerate(leaves) if is_array(x) and not _on(x, placement)]
     if not where:
         return batch  # already where it belongs: batches pre-placed by the user
     placed = put_many([leaves[i] for i in where], placement)
@@ -116,7 +107,7 @@ def _on(x: Any, placement: Any) -> bool:
 def _rows(batch: Any) -> int:
     """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
     for x in jax.tree.leaves(batch):
-        if _is_array(x):
+        if is_array(x):
             return int(np.shape(x)[0]) if np.ndim(x) else 1
     return 1
 
@@ -125,7 +116,7 @@ def _concat(parts: list[Any]) -> Any:
     """The systems' batches joined along the batch dimension (the global batch)."""
 
     def join(*leaves: Any) -> Any:
-        if _is_array(leaves[0]) and np.ndim(leaves[0]) >= 1:
+        if is_array(leaves[0]) and np.ndim(leaves[0]) >= 1:
             return np.concatenate([np.asarray(x) for x in leaves])
         return leaves[0]
 
@@ -142,7 +133,7 @@ class _BatchSizeCheck:
         shapes = {
             jax.tree_util.keystr(path): np.shape(x)
             for path, x in jax.tree_util.tree_leaves_with_path(batch)
-            if _is_array(x)
+            if is_array(x)
         }
         if self.first is None:
             self.first = shapes
@@ -281,15 +272,6 @@ class _Worker:
             epoch, position, first_pass = epoch + 1, 0, False
 
 
-_LIVE: weakref.WeakSet[Stream] = weakref.WeakSet()
-
-
-def close_all_streams() -> None:
-    """Stops every live stream (``cerebrax.reset``)."""
-    for stream in list(_LIVE):
-        stream.close()
-
-
 class Stream:
     """The workers, the feeder and the output queue of one pass over a DataLoader.
 
@@ -327,7 +309,7 @@ class Stream:
             return
         self.out: queue.Queue = queue.Queue(maxsize=prefetch)
         self.feeder = threading.Thread(target=self._feed, name="cerebrax-feeder", daemon=True)
-        _LIVE.add(self)
+        RUNTIME.streams.add(self)  # cstorch.reset() stops it
         for worker in self.workers:
             worker.thread.start()
         self.feeder.start()
@@ -451,4 +433,4 @@ class Stream:
                     q.get_nowait()
                 except queue.Empty:
                     break
-        _LIVE.discard(self)
+        RUNTIME.streams.discard(self)

@@ -29,7 +29,7 @@ from ..ckpt import load, save
 from ..data import DataExecutor, DataLoader, to_device
 from ..errors import ConfigError, StateError
 from ..metrics import Metric
-from ..trace import TracedStep, backward
+from ..trace import TracedStep, backward, write_artifacts
 from ._config import RunConfig
 from ._input import CheckedDataset, check_input_fn, make_dataset
 from ._spec import EstimatorSpec, ModeKeys
@@ -243,8 +243,9 @@ class Estimator:
             return None
         compiled = lowered.compile()
         directory = os.path.join(self.model_dir, "compile")
-        _write_artifacts(directory, step.__name__, lowered, compiled,
-                         time.perf_counter() - start)
+        write_artifacts(directory, step.__name__, lowered, compiled,
+                        time.perf_counter() - start,
+                        what=f"the Estimator's step `{step.__name__}`")
         return directory
 
     # ---- steps ---------------------------------------------------------------------------
@@ -364,19 +365,3 @@ def _check_steps(name: str, value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < 1):
         raise ConfigError(f"{name} must be a positive integer or None, got {value!r}.")
-
-
-def _write_artifacts(directory: str, name: str, lowered: Any, compiled: Any,
-                     seconds: float) -> None:
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, f"{name}.hlo.txt"), "w") as f:
-        f.write(lowered.as_text())
-    lines = [f"step: {name}", f"compile_seconds: {seconds:.3f}"]
-    memory = compiled.memory_analysis()
-    if memory is not None:
-        for field in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes"):
-            lines.append(f"{field}: {getattr(memory, field, 'n/a')}")
-    with open(os.path.join(directory, f"{name}.memory.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"[cerebrax] compiled the Estimator's step `{name}` in {seconds:.2f} s; "
-          f"artifacts in {directory}")

@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._filters import is_array
 from ..errors import ConfigError
 
 __all__ = ["CheckedDataset", "check_input_fn", "make_dataset"]
@@ -70,13 +71,8 @@ def check_input_fn(input_fn: Callable[..., Any]) -> None:
         raise ConfigError(MSG_SIGNATURE.format(sig=sig))
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (np.ndarray, np.generic, jax.Array)) or (
-        type(x).__module__.startswith("torch") and hasattr(x, "detach"))
-
-
 def _is_batch(x: Any) -> bool:
-    return isinstance(x, (tuple, list)) and len(x) == 2 and _is_array(x[0])
+    return isinstance(x, (tuple, list)) and len(x) == 2 and is_array(x[0], torch=True)
 
 
 def _describe(x: Any) -> str:
@@ -96,7 +92,7 @@ def make_dataset(input_fn: Callable[..., Any], params: Mapping[str, Any],
     dataset = input_fn(params)
     if (
         dataset is None
-        or _is_array(dataset)
+        or is_array(dataset, torch=True)
         or _is_batch(dataset)
         or isinstance(dataset, (str, bytes, Mapping))
         or not hasattr(dataset, "__iter__")
@@ -151,7 +147,8 @@ class CheckedDataset:
         if not isinstance(element, (tuple, list)) or len(element) != 2:
             raise ConfigError(MSG_ELEMENT.format(index=index, what=_describe(element)))
         features, labels = element
-        if not _is_array(features) or not (labels is None or _is_array(labels)):
+        if not is_array(features, torch=True) or not (
+                labels is None or is_array(labels, torch=True)):
             raise ConfigError(MSG_ELEMENT.format(index=index, what=_describe(element)))
         size = int(np.shape(features)[0]) if np.ndim(features) else 1
         if labels is not None and np.ndim(labels) and int(np.shape(labels)[0]) != size:

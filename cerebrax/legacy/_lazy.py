@@ -24,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._filters import is_array
+from .._trace_context import backward
 from ..errors import StateError
-from ..trace import backward
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -109,12 +110,6 @@ def _leaf_kind(leaf: Any) -> Any:
     return leaf if isinstance(leaf, (Ref, Input)) else ("static", leaf)
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or (
-        type(x).__module__.startswith("torch") and hasattr(x, "detach")
-    )
-
-
 class Recipe:
     """The calls of one step, in order, and the arrays they took (this step's inputs)."""
 
@@ -125,7 +120,8 @@ class Recipe:
     def add(self, kind: str, target: Any, label: str, args: tuple, kwargs: dict) -> Node:
         index = len(self.nodes)
         pairs, treedef = jax.tree_util.tree_flatten_with_path(
-            (args, kwargs), is_leaf=lambda x: isinstance(x, LazyTensor) or _is_array(x)
+            (args, kwargs),
+            is_leaf=lambda x: isinstance(x, LazyTensor) or is_array(x, torch=True)
         )
         leaves = []
         for path, leaf in pairs:
@@ -140,7 +136,7 @@ class Recipe:
                         f"{label}(...) got a lazy value of an earlier Session step that "
                         "never ran. Use values after the step that computes them."
                     )
-            if _is_array(leaf):
+            if is_array(leaf, torch=True):
                 name = f"{index}.{label}{jax.tree_util.keystr(path[1:])}"
                 self.inputs[name] = leaf
                 leaves.append(Input(name))

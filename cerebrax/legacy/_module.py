@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._compile import CompiledModel, _is_torch_module
-from .._compile import compile as compile_model
+from .._filters import is_torch_module
+from ..models import CompiledModel
+from ..models import compile as compile_model
 from ..errors import ConfigError
 
 __all__ = ["LegacyModule", "module"]
@@ -52,13 +53,13 @@ class LegacyModule:
         ``torch.nn.Parameter`` objects (which ``torch.optim`` and ``cstorch.optim`` both
         take), else the compiled model's."""
         original = self.compiled.model
-        if _is_torch_module(original):
+        if is_torch_module(original):
             return list(original.parameters())
         return self.compiled.parameters()
 
     def named_parameters(self) -> Any:
         original = self.compiled.model
-        if _is_torch_module(original):
+        if is_torch_module(original):
             return original.named_parameters()
         return self.compiled.named_parameters()
 

@@ -28,7 +28,9 @@ from typing import Any
 import jax
 
 from .. import _closures
-from ..backend import _backend
+from .._filters import is_torch_module
+from .._runtime import RUNTIME
+from ..backend import current_backend
 from ..errors import ConfigError, RecompileError, StateError, TensorReadError
 from ..optim import Optimizer, from_torch
 from ..trace import TracedStep
@@ -37,7 +39,6 @@ from ._module import LegacyModule
 
 __all__ = ["Session", "active_session"]
 
-_ACTIVE: list[Session] = []
 
 MODES = ("train", "eval")
 
@@ -88,12 +89,7 @@ criterion=None), or write the step with @cstorch.trace."""
 
 def active_session() -> Session | None:
     """The Session whose ``with`` block is running, or None."""
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-def _is_torch_module(obj: Any) -> bool:
-    return any(c.__module__.startswith("torch.nn") and c.__name__ == "Module"
-               for c in type(obj).__mro__)
+    return RUNTIME.sessions[-1] if RUNTIME.sessions else None
 
 
 class Session:
@@ -145,7 +141,7 @@ class Session:
             optimizer = from_torch(optimizer)
         if mode == "train" and optimizer is None:
             raise ConfigError("Session(mode='train') needs the optimizer that trains the model.")
-        if criterion is not None and not _is_torch_module(criterion):
+        if criterion is not None and not is_torch_module(criterion):
             raise ConfigError(MSG_CRITERION.format(got=type(criterion).__name__))
         self.model = model
         self.optimizer = optimizer
@@ -165,10 +161,10 @@ class Session:
 
     # ---- the block ---------------------------------------------------------------------
     def __enter__(self) -> Session:
-        if _ACTIVE:
+        if RUNTIME.sessions:
             raise StateError("A cbtorch.Session is already open; Sessions do not nest.")
         self.model.train(self.mode == "train")
-        _ACTIVE.append(self)
+        RUNTIME.sessions.append(self)
         self._open = True
         self._take_over()
         return self
@@ -183,7 +179,7 @@ class Session:
             self._release()
             self._open = False
             self._pending = None
-            _ACTIVE.remove(self)
+            RUNTIME.sessions.remove(self)
         if exc_type is None and self._user_optimizer is not self.optimizer:
             # The torch optimizer the script holds gets the trained state back, so
             # saving it (optimizer.state_dict()) after the block saves this run.
@@ -294,7 +290,7 @@ class Session:
         difference = self._compiled.difference(recipe)
         if difference is None:
             return self._steps[-1]
-        backend = _backend.current_backend(raise_exception=False)
+        backend = current_backend(raise_exception=False)
         if backend is not None and backend.allow_recompile:
             return self._new_step(recipe)
         raise RecompileError(MSG_GRAPH_CHANGED.format(

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from ..trace import deferrable
+from .._trace_context import deferrable
 
 __all__ = ["Metric", "get_all_metrics"]
 

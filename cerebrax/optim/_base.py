@@ -20,7 +20,8 @@ import numpy as np
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from ..trace import deferrable
+from .._trace_context import deferrable
+from ..models import resolve_parameter
 
 __all__ = ["Optimizer", "ParamGroup"]
 
@@ -209,7 +210,7 @@ class Optimizer(abc.ABC):
 
     def __init__(self, params: Any, defaults: Mapping[str, Any], enable_global_step: bool = False):
         self.defaults = dict(defaults)
-        self.generation = _state._GENERATION[0]
+        self.generation = _state.current_generation()
         self._traced = False  # set once a traced step has used this optimizer
         groups = self._normalize_groups(params)
         self._all_params: list[_state.Parameter] = [p for g in groups for p in g["params"]]
@@ -241,8 +242,6 @@ class Optimizer(abc.ABC):
         _state.register_optimizer(self)
 
     def _normalize_groups(self, params: Any) -> list[dict]:
-        from .._compile import resolve_parameter
-
         if isinstance(params, (_state.Parameter, Mapping)) or not isinstance(params, Iterable):
             params = [params]
         items = list(params)

@@ -10,14 +10,13 @@ import jax.numpy as jnp
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from ..trace import deferrable_function
+from .._trace_context import deferrable_function
+from ..models import resolve_parameter
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
 
 def _grads(parameters: Any, what: str):
-    from .._compile import resolve_parameter
-
     ctx = _state.active_context()
     if ctx is None or ctx.grads is None:
         raise StateError(

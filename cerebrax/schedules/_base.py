@@ -24,7 +24,7 @@ from jax.typing import ArrayLike
 
 from .. import _state
 from ..errors import ConfigError
-from ..trace import deferrable
+from .._trace_context import deferrable
 
 __all__ = ["LRScheduler", "Schedule"]
 
@@ -61,9 +61,7 @@ class LRScheduler(abc.ABC):
             cls.step = deferrable(f"{cls.__name__}.step()")(cls.__dict__["step"])
 
     def __init__(self, optimizer: Any, total_iters: int | None = None, last_epoch: int = -1):
-        from ..optim._base import Optimizer
-
-        if not isinstance(optimizer, Optimizer):
+        if not any(optimizer is opt for opt in _state.live_optimizers()):
             raise ConfigError(
                 f"{type(self).__name__} needs a cerebrax optimizer (cstorch.optim.*), got "
                 f"{type(optimizer).__name__}. torch.optim optimizers cannot be scheduled."

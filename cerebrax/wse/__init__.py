@@ -9,13 +9,18 @@ traced step is jitted with the layout's shardings and XLA's SPMD partitioner ins
 the collectives; pipeline mode runs the model call as a GPipe schedule in
 ``jax.shard_map``. Outside pipeline mode a ``micro_batch_size`` runs the model call
 over micro-batches with rematerialized activations (see :mod:`._micro`).
+:func:`run_model` is the one call through which a compiled model runs on the layout.
 """
 
+from ._cluster import EXECUTION_MODES, MODE_ALIASES, ClusterConfig
 from ._layout import Layout
-from ._memory import MemoryReport, memory_report
+from ._memory import MemoryReport, memory_report, report_for_compiled
 from ._mesh import Wafer, build_wafer
 from ._micro import micro_batched_apply
 from ._pipeline import Layers, Stage, pipelined_apply, split_layers
+from ._run import run_model
 
-__all__ = ["Layers", "Layout", "MemoryReport", "Stage", "Wafer", "build_wafer",
-           "memory_report", "micro_batched_apply", "pipelined_apply", "split_layers"]
+__all__ = ["EXECUTION_MODES", "MODE_ALIASES", "ClusterConfig", "Layers", "Layout", "MemoryReport", "Stage", "Wafer", "build_wafer",
+           "memory_report", "micro_batched_apply", "pipelined_apply", "report_for_compiled",
+           "run_model",
+           "split_layers"]

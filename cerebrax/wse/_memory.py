@@ -59,10 +59,7 @@ class MemoryReport:
 
 def _optimizer_ref_ids() -> set[int]:
     ids = set()
-    for wr in list(_state._OPTIMIZERS.values()):
-        opt = wr()
-        if opt is None:
-            continue
+    for opt in _state.live_optimizers():
         for value in vars(opt).values():
             if isinstance(value, _state.StateRef):
                 ids.add(id(value))

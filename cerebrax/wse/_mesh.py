@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ..backend._cluster import ClusterConfig
+from ._cluster import ClusterConfig
 from ..errors import ConfigError
 
 __all__ = ["Wafer", "build_wafer"]

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 
+from .._runtime import RUNTIME
 from ..errors import BackendError, ConfigError
 
 __all__ = ["initialize", "shutdown"]
@@ -134,11 +135,9 @@ def _check_arguments(address: Any, n: Any, rank: Any, collectives: Any) -> None:
 
 
 def _check_not_started() -> None:
-    from ..backend import _backend
-
-    if _backend._CURRENT:
+    if RUNTIME.backend is not None:
         raise BackendError(MSG_TOO_LATE.format(
-            what=f"a {_backend._CURRENT[0].backend_type} backend exists already"))
+            what=f"a {RUNTIME.backend.backend_type} backend exists already"))
     # JAX's own test (the public initialize raises a RuntimeError for the same case).
     from jax._src import xla_bridge
 

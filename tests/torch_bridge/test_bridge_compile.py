@@ -87,15 +87,15 @@ def test_optimizer_accepts_the_original_parameters_of_a_tied_model():
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(names)
 
     # The alias name resolves to the stored parameter too.
-    aliases = torch_bridge.model_adapter(module).parameter_aliases()
-    assert aliases[id(module.lm_head.weight)] == "wte.weight"
+    aliases = cstorch.models.torch_model_adapter(module).parameter_aliases()
+    assert aliases[module.lm_head.weight] == "wte.weight"
 
 
 def test_needs_key_only_for_models_with_random_ops():
-    assert not torch_bridge.model_adapter(seeded(MLP)).needs_key
-    assert not torch_bridge.model_adapter(seeded(CNN, p=0.0)).needs_key
-    assert torch_bridge.model_adapter(seeded(CNN, p=0.5)).needs_key
-    assert torch_bridge.model_adapter(nn.LSTM(3, 4, num_layers=2, dropout=0.1)).needs_key
+    assert not cstorch.models.torch_model_adapter(seeded(MLP)).needs_key
+    assert not cstorch.models.torch_model_adapter(seeded(CNN, p=0.0)).needs_key
+    assert cstorch.models.torch_model_adapter(seeded(CNN, p=0.5)).needs_key
+    assert cstorch.models.torch_model_adapter(nn.LSTM(3, 4, num_layers=2, dropout=0.1)).needs_key
 
 
 def test_dropout_model_gets_a_fresh_mask_every_step():

@@ -13,7 +13,7 @@ from bridge_zoo import GPT, MLP, rel_err, seeded
 
 import torch_bridge
 from cerebrax.errors import ConfigError, UnsupportedOpError
-from torch_bridge import _registry
+from torch_bridge.ops import _registry
 
 
 @pytest.fixture

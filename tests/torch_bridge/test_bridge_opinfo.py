@@ -25,7 +25,7 @@ from opinfo_table import SKIPS, TESTED, TOLERANCES
 
 import torch_bridge
 from cerebrax.errors import UnsupportedOpError
-from torch_bridge._dtypes import to_jax
+from torch_bridge import to_jax
 
 DEFAULT_TOL = (1e-5, 1e-6)  # (rtol, atol)
 MIN_COVERED = 120

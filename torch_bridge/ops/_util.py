@@ -7,7 +7,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from .._dtypes import jax_dtype
+from ._dtypes import jax_dtype
 
 __all__ = ["axes", "axis", "maybe_cast", "safe_sqrt", "shape_of"]
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .._registry import lowering
+from ._registry import lowering
 
 aten = torch.ops.aten
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .._registry import lowering
+from ._registry import lowering
 
 aten = torch.ops.aten
 

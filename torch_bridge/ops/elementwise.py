@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .._registry import lowering
+from ._registry import lowering
 from ._util import maybe_cast
 
 aten = torch.ops.aten

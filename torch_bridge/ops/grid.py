@@ -8,7 +8,7 @@ import torch
 
 from cerebrax.errors import UnsupportedOpError
 
-from .._registry import lowering
+from ._registry import lowering
 
 aten = torch.ops.aten
 

@@ -9,7 +9,7 @@ from jax import lax
 
 from cerebrax.errors import UnsupportedOpError
 
-from .._registry import lowering
+from ._registry import lowering
 from ._util import axis
 
 aten = torch.ops.aten

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .._registry import lowering
+from ._registry import lowering
 from ._util import safe_sqrt
 
 aten = torch.ops.aten

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .._registry import lowering
+from ._registry import lowering
 
 aten = torch.ops.aten
 

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .._dtypes import jax_dtype
-from .._registry import lowering
+from ._dtypes import jax_dtype
+from ._registry import lowering
 from ._util import shape_of
 
 aten = torch.ops.aten

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .._registry import lowering
+from ._registry import lowering
 from ._util import axes, axis, maybe_cast, safe_sqrt
 
 aten = torch.ops.aten

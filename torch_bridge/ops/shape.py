@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from .. import _export  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
-from .._registry import lowering
+from . import _custom  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
+from ._registry import lowering
 from ._util import axes, axis, maybe_cast, shape_of
 
 aten = torch.ops.aten

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-__all__ = ["export_dtype", "is_array", "jax_dtype", "to_jax"]
+__all__ = ["export_dtype", "jax_dtype", "to_jax"]
 
 _TORCH_TO_NUMPY: dict[torch.dtype, Any] = {
     torch.bool: np.bool_,
@@ -61,13 +61,6 @@ def export_dtype(dtype: Any) -> torch.dtype:
         if np.dtype(n) == dtype:
             return t
     raise TypeError(f"torch_bridge cannot export an input of dtype {dtype}.")
-
-
-def is_array(x: Any) -> bool:
-    """True for arrays (JAX, numpy, torch tensors); False for Python scalars and None."""
-    return isinstance(x, (jax.Array, np.ndarray, torch.Tensor, np.generic)) or (
-        hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (int, float, bool))
-    )
 
 
 def to_jax(x: Any) -> jax.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from .._filters import check_int
 from ..errors import ConfigError
 
 __all__ = ["ClusterConfig", "EXECUTION_MODES"]
@@ -19,12 +20,7 @@ MODE_ALIASES = {
 
 
 def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"ClusterConfig.{name} must be an integer >= {minimum}, got {value!r}."
-        )
+    check_int(f"ClusterConfig.{name}", value, ge=minimum, optional=optional)
 
 
 def _check_strings(name: str, value: object) -> None:

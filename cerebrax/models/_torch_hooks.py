@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from cerebrax import _state
-from cerebrax._interop import to_numpy, to_torch
+from .. import _state
+from .._interop import to_numpy, to_torch
 
 __all__ = ["install"]
 
@@ -51,7 +51,7 @@ class _Link:
         if module is not self.module():
             return None
         compiled = self.compiled()
-        if compiled is None or compiled.backend.generation != _state._GENERATION[0]:
+        if compiled is None or compiled.backend.generation != _state.current_generation():
             return None
         return compiled
 

@@ -14,14 +14,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..errors import ConfigError
+from ._runtime import RUNTIME
+from .backend import current_backend
+from .errors import ConfigError
 
 __all__ = ["compute_dtype", "get_half_dtype", "get_half_dtype_str", "mixed_precision",
            "set_half_dtype"]
 
 _HALF_DTYPES = {"float16": jnp.float16, "bfloat16": jnp.bfloat16, "float32": jnp.float32,
                 "cbfloat16": jnp.float16}
-_CHOSEN: list[str] = []
 
 
 def set_half_dtype(dtype: Any) -> Any:
@@ -42,7 +43,7 @@ def set_half_dtype(dtype: Any) -> Any:
         raise ConfigError(
             f"set_half_dtype() expects one of {sorted(_HALF_DTYPES)}, got {dtype!r}."
         )
-    _CHOSEN[:] = [name]
+    RUNTIME.half_dtype = name
     return jnp.dtype(_HALF_DTYPES[name])
 
 
@@ -64,7 +65,7 @@ def get_half_dtype() -> Any:
 
 
 def get_half_dtype_str() -> str:
-    return _CHOSEN[0] if _CHOSEN else "float16"
+    return RUNTIME.half_dtype or "float16"
 
 
 def mixed_precision(backend: Any = None) -> bool:
@@ -75,11 +76,9 @@ def mixed_precision(backend: Any = None) -> bool:
 def compute_dtype(backend: Any = None) -> Any | None:
     """The dtype models compute in, or None for float32 (no casts)."""
     if backend is None:
-        from ..backend import current_backend
-
         backend = current_backend(raise_exception=False)
-    if _CHOSEN:
-        name = _CHOSEN[0]
+    if RUNTIME.half_dtype is not None:
+        name = RUNTIME.half_dtype
     elif backend is not None and backend.is_csx:
         name = "float16"
     else:
@@ -92,11 +91,8 @@ def cast_floating(tree: Any, dtype: Any) -> Any:
     """Casts the floating-point leaves of ``tree`` to ``dtype``."""
     return jax.tree.map(
         lambda x: x.astype(dtype)
-        if isinstance(x, (jax.Array, jax.core.Tracer)) and jnp.issubdtype(x.dtype, jnp.floating)
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
         else x,
         tree,
     )
 
-
-def _reset() -> None:
-    _CHOSEN.clear()

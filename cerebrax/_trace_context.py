@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from . import _state
+from . import _closures, _state
 from .errors import StateError
 
 if TYPE_CHECKING:
@@ -66,10 +65,6 @@ class DeferredValue:
         return f"DeferredValue({self.what})"
 
 
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
-
-
 @dataclasses.dataclass
 class _Routed:
     """A pytree whose array leaves travel separately (out of the differentiated pass)."""
@@ -82,16 +77,6 @@ class _Routed:
 @dataclasses.dataclass(frozen=True)
 class _Slot:
     index: int
-
-
-@dataclasses.dataclass
-class _ClosureSpec:
-    fn: Callable[..., Any]
-    kind: str
-    routed: _Routed
-    slots: list  # positions of this closure's arrays in the program's closure outputs
-    treedef: Any = None
-    statics: list | None = None
 
 
 class TraceContext:
@@ -107,7 +92,7 @@ class TraceContext:
         self.grads: dict[_state.Parameter, Any] | None = None
         self.deferred: list[tuple[Callable, _Routed, DeferredValue]] = []
         self.written: dict[_state.StateRef, None] = {}
-        self.closures: list[_ClosureSpec] = []
+        self.closures: list[_closures.ClosureCall] = []
         self.aux: list = []
         self.aux_out: list = []
         self.models_used: list = []
@@ -132,7 +117,7 @@ class TraceContext:
     def write(self, ref: _state.StateRef, value: Any) -> None:
         old = self.read(ref)
         value = jax.tree.map(jnp.asarray, value)
-        problem = _state._same_structure(old, value)
+        problem = _state.same_structure(old, value)
         if problem is not None:
             raise StateError(
                 f"A traced step wrote a value with {problem} to {ref.name!r}; state keeps "
@@ -202,7 +187,7 @@ class TraceContext:
         leaves, treedef = jax.tree.flatten(tree)
         out = []
         for leaf in leaves:
-            if isinstance(leaf, (jax.Array, jax.core.Tracer)):
+            if isinstance(leaf, jax.Array):
                 out.append(_Slot(len(self.aux)))
                 self.aux.append(leaf)
             else:
@@ -224,7 +209,7 @@ class TraceContext:
         )
 
     def add_closure(self, fn: Callable, args: tuple, kwargs: dict, kind: str) -> None:
-        self.closures.append(_ClosureSpec(fn, kind, self.route((args, kwargs)), []))
+        self.closures.append(_closures.ClosureCall(fn, kind, self.route((args, kwargs))))
 
     def note_model(self, model: Any) -> None:
         if any(m is model for m in self.models_used):

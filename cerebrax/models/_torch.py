@@ -1,4 +1,9 @@
-"""``model_adapter(module)``: a torch module behind cerebrax's ``ModelAdapter`` seam."""
+"""A torch module behind the :class:`ModelAdapter` seam, through the torch bridge.
+
+This module is loaded only when ``cstorch.compile`` is given a torch module: it imports
+torch and ``torch_bridge`` (which turns the module into a pure JAX function), and wires
+the original module to the compiled state (:mod:`._torch_hooks`).
+"""
 
 from __future__ import annotations
 
@@ -10,15 +15,14 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
-from cerebrax._compile import ModelAdapter
-from cerebrax.errors import ConfigError
-from cerebrax.wse import Layers, Stage
+from torch_bridge import Converted, Program, to_jax
 
-from ._convert import Converted
-from ._dtypes import is_array, to_jax
-from ._program import Program
+from .._filters import is_array
+from ..errors import ConfigError
+from ..wse import Layers, Stage
+from ._adapter import ModelAdapter
 
-__all__ = ["TorchModelAdapter", "model_adapter"]
+__all__ = ["TorchModelAdapter", "torch_model_adapter"]
 
 # Words in a forward's source that suggest a random op (checked before any export, when
 # cerebrax asks whether the model needs a PRNG key).
@@ -63,7 +67,7 @@ class TorchModelAdapter(ModelAdapter):
     - its ``parameters()`` resolve to the compiled parameters in optimizers (by
       identity); those with ``requires_grad=False`` are not trained;
     - its ``state_dict()`` and ``load_state_dict()`` read and write the compiled state
-      (torch state-dict hooks, see ``torch_bridge._hooks``).
+      (torch state-dict hooks, see :mod:`cerebrax.models._torch_hooks`).
     """
 
     def __init__(self, module: torch.nn.Module, *, needs_key: bool | None = None):
@@ -93,7 +97,7 @@ class TorchModelAdapter(ModelAdapter):
                 f"The exported {type(self.module).__name__} has random ops "
                 f"({', '.join(str(n.target) for n in program.random_nodes[:3])}) but its "
                 "source did not show them, so no PRNG key was set up. Build the adapter "
-                "with torch_bridge.model_adapter(module, needs_key=True)."
+                "with cerebrax.models.torch_model_adapter(module, needs_key=True)."
             )
         return program
 
@@ -117,7 +121,7 @@ class TorchModelAdapter(ModelAdapter):
 
             def fn(p, b, carry, a, kw, key):
                 leaves, _ = pytree.tree_flatten((tuple(a), dict(kw)))
-                inputs = [to_jax(x) if is_array(x) else x for x in leaves]
+                inputs = [to_jax(x) if is_array(x, torch=True) else x for x in leaves]
                 out, mutated = part.run(p, b, carry, inputs, key)
                 mutated = {n: v.astype(b[n].dtype) for n, v in mutated.items()}
                 if part.last:
@@ -129,8 +133,8 @@ class TorchModelAdapter(ModelAdapter):
         return Layers([name for name, _ in units], [program.layer_cost(n) for n in nodes],
                       stage)
 
-    def parameter_aliases(self) -> dict[int, str]:
-        return {id(p): self.converted.aliases[name]
+    def parameter_aliases(self) -> dict[Any, str]:
+        return {p: self.converted.aliases[name]
                 for name, p in self.module.named_parameters(remove_duplicate=False)}
 
     def state_dict_order(self, params: list[str], buffers: list[str]) -> list[str]:
@@ -152,14 +156,14 @@ class TorchModelAdapter(ModelAdapter):
         self.module.train(mode)
 
     def attach(self, compiled: Any) -> None:
-        from ._hooks import install
+        from ._torch_hooks import install
 
         install(self.module, compiled)
 
 
-def model_adapter(module: torch.nn.Module, *, needs_key: bool | None = None
-                  ) -> TorchModelAdapter:
-    """The ``cerebrax.ModelAdapter`` for a torch module (used by ``cstorch.compile``).
+def torch_model_adapter(module: torch.nn.Module, *, needs_key: bool | None = None
+                        ) -> TorchModelAdapter:
+    """The :class:`ModelAdapter` of a torch module (what ``cstorch.compile`` uses).
 
     Args:
       module: the torch module; it is not modified.

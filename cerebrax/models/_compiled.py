@@ -1,0 +1,333 @@
+"""``cstorch.compile``: wrap a model so that its state lives in registered slots.
+
+A compiled model owns its parameters (:class:`~cerebrax._state.Parameter`, one per
+state-dict name) and buffers. Calling it inside a traced step runs the model's pure
+apply function on the step's tracers; calling it outside a step runs a jitted forward
+on the current values. How the call runs on the backend's layout (one device, micro-
+batches, a pipeline of stages) is :func:`cerebrax.wse.run_model`'s decision. The kinds
+of models ``compile`` accepts are adapters behind one seam, :class:`ModelAdapter`.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _state, wse
+from .._filters import is_torch_module, is_torch_tensor
+from .._interop import to_numpy, torch_to_jax
+from .._precision import cast_floating, compute_dtype
+from .._runtime import RUNTIME
+from ..backend import Backend, get_or_create_backend
+from ..errors import ConfigError, StateError
+from ._adapter import ModelAdapter
+from ._functional import FunctionalAdapter, FunctionalModel
+from ._nnx import NnxAdapter, is_nnx
+
+__all__ = ["CompiledModel", "compile", "register_model_adapter", "resolve_parameter"]
+
+MSG_NO_LAYERS = """\
+ClusterConfig(execution_mode="pipeline") splits the model into stages between its
+layers, but this {kind} gives no layers to split. Fix, by kind of model:
+  - torch.nn.Module: layers are found from its child modules (blocks.0, fc1, ...);
+  - cstorch.FunctionalModel: pass the model as layers, e.g.
+        FunctionalModel(layers={{"fc1": (dense, p1), "fc2": (dense, p2)}})
+    instead of FunctionalModel(apply_fn, params);
+  - flax nnx: use nnx.Sequential(...) or a module whose `layers` list it applies in
+    order;
+or use execution_mode="replica" or "weight_streaming" for this model."""
+
+
+
+def _torch_adapter(model: Any) -> ModelAdapter:
+    try:
+        from ._torch import TorchModelAdapter
+    except ImportError as e:
+        raise ConfigError(
+            f"cstorch.compile() got a torch.nn.Module ({type(model).__name__}), which needs "
+            "the torch bridge (package `torch_bridge`, installed with the `torch` extra). "
+            "It is not available in this installation. Meanwhile wrap a JAX function with "
+            "cstorch.FunctionalModel or pass a flax.nnx.Module."
+        ) from e
+    return TorchModelAdapter(model)
+
+
+_ADAPTERS: list[tuple[Callable[[Any], bool], Callable[[Any], ModelAdapter]]] = [
+    (lambda m: isinstance(m, FunctionalModel), FunctionalAdapter),
+    (is_nnx, NnxAdapter),
+    (is_torch_module, _torch_adapter),
+]
+
+
+def register_model_adapter(
+    predicate: Callable[[Any], bool], factory: Callable[[Any], ModelAdapter]
+) -> None:
+    """Teaches ``compile`` a new kind of model (checked before the built-in kinds)."""
+    _ADAPTERS.insert(0, (predicate, factory))
+
+
+def resolve_parameter(obj: Any) -> _state.Parameter | None:
+    """The compiled parameter standing for ``obj`` (itself, or an aliased original).
+
+    An original torch parameter also passes on its current ``requires_grad``, so a
+    parameter frozen after ``compile`` but before the optimizer is built stays fixed.
+    The link lives in :data:`cerebrax._runtime.RUNTIME` as a weak mapping: it goes
+    away with the original object, and with ``cstorch.reset()``.
+    """
+    if isinstance(obj, _state.Parameter):
+        return obj
+    try:
+        p = RUNTIME.parameter_aliases.get(obj)
+    except TypeError:  # not weakly referable, so never an alias
+        return None
+    if p is not None and isinstance(getattr(obj, "requires_grad", None), bool):
+        p.requires_grad = obj.requires_grad
+    return p
+
+
+IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+class CompiledModel:
+    """A model prepared for traced steps; returned by :func:`compile`.
+
+    It behaves like the module it wraps: call it on inputs, and use ``parameters()``,
+    ``named_parameters()``, ``state_dict()``, ``load_state_dict()``, ``train()`` and
+    ``eval()``. Its state lives in registered slots that traced steps update.
+    """
+
+    def __init__(self, model: Any, adapter: ModelAdapter, backend: Backend):
+        self.model = model
+        self.backend = backend
+        self._adapter = adapter
+        frozen = adapter.frozen_parameters()
+        self._params = {
+            name: _state.Parameter(_place(v, backend), name=name, owner=self,
+                                   requires_grad=name not in frozen)
+            for name, v in adapter.params().items()
+        }
+        self._buffers = {
+            name: _state.StateRef(_place(v, backend), name=name)
+            for name, v in adapter.buffers().items()
+        }
+        self._rng = (
+            _state.StateRef(jax.random.key_data(jax.random.key(0)), name="model rng")
+            if adapter.needs_key else None
+        )
+        for original, name in adapter.parameter_aliases().items():
+            RUNTIME.parameter_aliases[original] = self._params[name]
+        self._training = bool(getattr(adapter, "initially_training", True))
+        self._eager = {}
+        adapter.attach(self)
+
+    # ---- torch.nn.Module-like surface ---------------------------------------------------
+    def parameters(self) -> list[_state.Parameter]:
+        return list(self._params.values())
+
+    def named_parameters(self) -> Iterator[tuple[str, _state.Parameter]]:
+        return iter(self._params.items())
+
+    def buffers(self) -> list[_state.StateRef]:
+        return list(self._buffers.values())
+
+    def named_buffers(self) -> Iterator[tuple[str, _state.StateRef]]:
+        return iter(self._buffers.items())
+
+    @property
+    def training(self) -> bool:
+        """Train or eval mode; for a torch module, the original module's own flag."""
+        mode = self._adapter.is_training()
+        return self._training if mode is None else bool(mode)
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        self._training = bool(mode)
+        self._adapter.set_training(bool(mode))
+
+    def train(self, mode: bool = True) -> CompiledModel:
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> CompiledModel:
+        return self.train(False)
+
+    def _slots(self) -> dict[str, _state.StateRef]:
+        """Every state-dict name (tied aliases included) -> the slot holding its value."""
+        order = self._adapter.state_dict_order(list(self._params), list(self._buffers))
+        aliases = self._adapter.state_dict_aliases()
+        slots = {**self._params, **self._buffers}
+        return {name: slots[aliases.get(name, name)] for name in order}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies (numpy) of every parameter and buffer, by state-dict name.
+
+        Like torch's, a tied weight appears under each of its names, as one array.
+        """
+        # Host sync point: waits for the steps that produce these values.
+        slots = self._slots()
+        copies: dict[int, np.ndarray] = {}
+        for ref in slots.values():
+            if id(ref) not in copies:
+                copies[id(ref)] = ref.value
+        for value in copies.values():
+            if isinstance(value, jax.Array):
+                value.copy_to_host_async()  # start every transfer before the first wait
+        copies = {k: np.array(v) for k, v in copies.items()}  # owned copies, not views
+        return {name: copies[id(ref)] for name, ref in slots.items()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True):
+        """Writes parameters and buffers from ``state_dict`` (shapes must match).
+
+        Values may be numpy, JAX or torch arrays, or lazy checkpoint arrays; each is cast
+        to the dtype of its slot. A tied weight is loaded from any of its names (the
+        last one present wins, as in torch), and counts as missing only when all are.
+        """
+        slots = self._slots()
+        present = {id(ref) for name, ref in slots.items() if name in state_dict}
+        missing = [k for k, ref in slots.items() if id(ref) not in present]
+        unexpected = [k for k in state_dict if k not in slots]
+        if strict and (missing or unexpected):
+            raise StateError(
+                "Error(s) in loading state_dict: "
+                + (f"missing keys {missing}" if missing else "")
+                + ("; " if missing and unexpected else "")
+                + (f"unexpected keys {unexpected}" if unexpected else "")
+                + ". Pass strict=False to load the keys that match."
+            )
+        for name, ref in slots.items():
+            if name in state_dict:
+                self._write_slot(name, ref, state_dict[name])
+        return IncompatibleKeys(missing, unexpected)
+
+    def _write_slot(self, name: str, ref: _state.StateRef, value: Any) -> None:
+        value = to_numpy(value)
+        old = ref._value
+        if tuple(value.shape) != tuple(old.shape):
+            raise StateError(
+                f"size mismatch for {name!r}: the checkpoint has shape "
+                f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
+            )
+        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype), self.backend.device)
+
+    # ---- calling ------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = _state.active_context()
+        if ctx is None:
+            return self._call_eagerly(args, kwargs)
+        ctx.note_model(self)
+        key = None
+        if self._rng is not None:
+            key, self._rng.value = jax.random.split(self._rng.value)
+        out, new_buffers = self._forward(
+            {n: p.value for n, p in self._params.items()},
+            {n: b.value for n, b in self._buffers.items()},
+            key, args, kwargs, self.training,
+        )
+        for name, value in new_buffers.items():
+            self._buffers[name].value = value
+        return out
+
+    def _forward(self, params, buffers, key, args, kwargs, train):
+        dtype = compute_dtype(self.backend)
+        if dtype is not None:
+            params, buffers = cast_floating(params, dtype), cast_floating(buffers, dtype)
+            args, kwargs = cast_floating((args, kwargs), dtype)
+
+        def apply(p, b, a, kw, k):
+            return self._adapter.apply(p, b, a, kw, train=train, key=k)
+
+        def layers_for(micro_args: tuple, micro_kwargs: dict) -> wse.Layers:
+            layers = self._adapter.pipeline_layers(params, buffers, micro_args, micro_kwargs,
+                                                   train=train)
+            if layers is None:
+                raise ConfigError(MSG_NO_LAYERS.format(kind=type(self.model).__name__))
+            return layers
+
+        out, new_buffers = wse.run_model(self.backend, apply, layers_for, params, buffers,
+                                         args, kwargs, key=key)
+        if dtype is not None:
+            out = cast_floating(out, jnp.float32)
+            new_buffers = {
+                n: v.astype(self._buffers[n]._value.dtype) for n, v in new_buffers.items()
+            }
+        return out, new_buffers
+
+    def _call_eagerly(self, args: tuple, kwargs: dict) -> Any:
+        """A forward outside a traced step: a jitted call on the current values."""
+        args, kwargs = _torch_leaves_to_jax((args, kwargs))
+        train = self.training
+        fn = self._eager.get(train)
+        if fn is None:
+            fn = jax.jit(lambda p, b, k, a, kw: self._forward(p, b, k, a, kw, train))
+            self._eager[train] = fn
+        key = None
+        if self._rng is not None:
+            key, new = jax.random.split(self._rng.value)
+            self._rng.value = new
+        params = {n: p.value for n, p in self._params.items()}
+        buffers = {n: b.value for n, b in self._buffers.items()}
+        layout = getattr(self.backend, "layout", None)
+        if layout is not None:
+            # On a wafer mesh every value of the call lives on the mesh (state in its
+            # layout, which a traced step may have placed already; inputs replicated).
+            params, buffers = layout.place_state(params), layout.place_state(buffers)
+            args, kwargs = jax.tree.map(
+                lambda x: jax.device_put(x, layout.replicated)
+                if isinstance(x, (jax.Array, np.ndarray)) else x, (args, kwargs))
+        out, new_buffers = fn(params, buffers, key, args, kwargs)
+        for name, value in new_buffers.items():
+            self._buffers[name].value = value
+        return out
+
+    def __repr__(self) -> str:
+        n = sum(int(np.prod(p.shape)) for p in self._params.values())
+        return (f"CompiledModel({type(self.model).__name__}, {len(self._params)} parameters, "
+                f"{n:,} values, backend={self.backend.backend_type})")
+
+
+def _torch_leaves_to_jax(tree: Any) -> Any:
+    """``tree`` with torch tensor leaves as JAX arrays (shared through DLPack if possible)."""
+    if not any(is_torch_tensor(x) for x in jax.tree.leaves(tree, is_leaf=is_torch_tensor)):
+        return tree
+    return jax.tree.map(lambda x: torch_to_jax(x) if is_torch_tensor(x) else x, tree,
+                        is_leaf=is_torch_tensor)
+
+
+def _place(value: Any, backend: Backend) -> jax.Array:
+    if not isinstance(value, jax.Array):
+        value = to_numpy(value)
+    return jax.device_put(value, backend.device)
+
+
+def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel:  # noqa: A001
+    """Prepares ``model`` for traced steps on ``backend``.
+
+    Like ``torch.compile`` this compiles nothing yet: the step that uses the model is
+    compiled at its first call, once the input shapes are known.
+
+    Args:
+      model: a :class:`FunctionalModel`, a ``flax.nnx.Module``, or a ``torch.nn.Module``
+        (through the torch bridge).
+      backend: a :class:`~cerebrax.backend.Backend`; ``"CPU"``, ``"GPU"``, ``"CSX"``; or
+        ``"wse_ws"``, ``"wse_pipeline"``, ``"wse_replica"`` (CSX with that execution
+        mode). None uses the current backend, or creates a CPU one.
+
+    Returns:
+      A :class:`CompiledModel`.
+    """
+    resolved = get_or_create_backend(backend)
+    if isinstance(model, CompiledModel):
+        raise ConfigError("cstorch.compile() got a model that is already compiled.")
+    for predicate, factory in _ADAPTERS:
+        if predicate(model):
+            return CompiledModel(model, factory(model), resolved)
+    raise ConfigError(
+        f"cstorch.compile() does not know how to compile a {type(model).__name__}. "
+        "Pass a cstorch.FunctionalModel(apply_fn, params), a flax.nnx.Module or a "
+        "torch.nn.Module, or teach it with cerebrax.register_model_adapter()."
+    )

@@ -1,0 +1,241 @@
+"""The package's layers point one way, and no module reads another folder's private names.
+
+A folder is a package directory (``cerebrax/wse``, ``torch_bridge/ops``); a module directly
+in ``cerebrax/`` counts as its own folder (``cerebrax/_state.py``, ``cerebrax/trace.py``).
+The layers, from the bottom, are :data:`LAYERS`: a folder may import folders of its own
+layer or below, never above, and the folder graph has no cycle. Imports under
+``if TYPE_CHECKING:`` do not count; imports inside functions do. README.md's Layout
+section describes the same layers.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("cerebrax", "torch_bridge")
+
+# Bottom first. A folder imports only folders of its own layer or lower ones.
+LAYERS: list[tuple[str, ...]] = [
+    ("cerebrax.errors", "cerebrax._version"),
+    ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement"),
+    ("cerebrax._interop",),
+    ("cerebrax._state",),
+    ("cerebrax._closures",),
+    ("cerebrax._trace_context",),
+    ("cerebrax.wse",),
+    ("cerebrax.backend",),
+    ("cerebrax._precision",),
+    ("torch_bridge.ops",),
+    ("torch_bridge",),
+    ("cerebrax.models",),
+    ("cerebrax.trace", "cerebrax.schedules", "cerebrax.metrics", "cerebrax.ckpt"),
+    ("cerebrax.optim.transforms",),
+    ("cerebrax.optim",),
+    ("cerebrax.amp",),
+    ("cerebrax.data", "cerebrax.summaries"),
+    ("cerebrax.utils", "cerebrax.distributed"),
+    ("cerebrax.legacy", "cerebrax.estimator"),
+    ("cerebrax._cli",),
+    ("cerebrax.cli",),
+    ("cerebrax", "cerebrax.__main__", "cerebrax.ckpt.__main__"),
+]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def folder(module: str) -> str:
+    """The folder a module belongs to (see the module docstring)."""
+    path = MODULES[module]
+    if path.name == "__init__.py" or module.endswith(".__main__"):
+        return module
+    parent = module.rsplit(".", 1)[0]
+    return module if parent == "cerebrax" else parent
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for child in ast.walk(node))
+    return skipped
+
+
+def _resolve(module: str, node: ast.ImportFrom | ast.Import
+             ) -> list[tuple[str, str | None, str]]:
+    """``(imported module, imported name or None, local name)`` of one import statement."""
+    if isinstance(node, ast.Import):
+        return [(alias.name, None, alias.asname or alias.name.split(".")[0])
+                for alias in node.names]
+    if node.level:
+        package = module if MODULES[module].name == "__init__.py" else module.rsplit(".", 1)[0]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        source = ".".join(base + ([node.module] if node.module else []))
+    else:
+        source = node.module or ""
+    return [(source, alias.name, alias.asname or alias.name) for alias in node.names]
+
+
+def _target(name: str) -> str | None:
+    """The module of ours that ``name`` (a dotted module path) lands in, or None."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _scan() -> tuple[dict[str, set[str]], list[str], list[str]]:
+    """The folder graph, its edges by module, and the private-name reads across folders."""
+    graph: dict[str, set[str]] = {}
+    where: list[str] = []
+    private: list[str] = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = _type_checking_nodes(tree)
+        aliases: dict[str, str] = {}  # local name -> module of ours it is bound to
+        for node in ast.walk(tree):
+            if id(node) in skipped or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for source, name, local in _resolve(module, node):
+                if source.split(".")[0] not in PACKAGES:
+                    continue
+                as_module = f"{source}.{name}" if name else source
+                target = _target(as_module) if as_module in MODULES else _target(source)
+                if target is None:
+                    continue
+                a, b = folder(module), folder(target)
+                if name and as_module in MODULES:
+                    aliases[local] = as_module
+                elif name is None:
+                    bound = source if local != source.split(".")[0] else local
+                    if bound in MODULES:
+                        aliases[local] = bound
+                if a == b:
+                    continue
+                graph.setdefault(a, set()).add(b)
+                where.append(f"{module} -> {target}")
+                if (name and as_module not in MODULES and name.startswith("_")
+                        and not name.startswith("__")):
+                    private.append(f"{module} imports {name} from {source}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                target = aliases[node.value.id]
+                if folder(target) != folder(module):
+                    private.append(f"{module} reads {target}.{node.attr}")
+    return graph, where, private
+
+
+GRAPH, EDGES, PRIVATE = _scan()
+
+
+def _layer_of(name: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        if name in layer:
+            return index
+    raise AssertionError(f"folder {name!r} is in no layer: add it to LAYERS (and README).")
+
+
+def test_every_folder_has_a_layer():
+    folders = {folder(m) for m in MODULES}
+    for name in sorted(folders):
+        _layer_of(name)
+
+
+def test_no_import_runs_up_the_layers():
+    upward = []
+    for edge in EDGES:
+        source, target = edge.split(" -> ")
+        a, b = folder(source), folder(target)
+        if _layer_of(b) > _layer_of(a):
+            upward.append(f"{edge}  ({a} in layer {_layer_of(a)}, {b} in {_layer_of(b)})")
+    assert not upward, "imports that run up the layers:\n" + "\n".join(upward)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one folder (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_folder_graph_has_no_cycle():
+    assert _cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_reads_a_private_name_of_another_folder():
+    assert not PRIVATE, "private names read across folders:\n" + "\n".join(PRIVATE)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from .errors import _secret\n", ["imports _secret"]),
+    ("from . import _state\nx = _state._GENERATION\n", ["reads cerebrax._state._GENERATION"]),
+    ("from .errors import ConfigError\n", []),
+])
+def test_the_private_name_check_sees_both_forms(source, expected, tmp_path, monkeypatch):
+    # A module in cerebrax/wse reading another folder's private names, seen by the scan.
+    fake = tmp_path / "cerebrax" / "wse" / "_probe.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(source.replace("from .", "from .."))
+    monkeypatch.setitem(MODULES, "cerebrax.wse._probe", fake)
+    _, _, private = _scan()
+    mine = [p for p in private if p.startswith("cerebrax.wse._probe")]
+    assert len(mine) == len(expected)
+    for line, want in zip(mine, expected):
+        assert want in line
+
+
+def test_one_definition_of_is_array():
+    import re
+
+    pattern = re.compile(r"def _?is_array\b")
+    hits = [str(p.relative_to(ROOT)) for p in MODULES.values() if pattern.search(p.read_text())]
+    assert hits == ["cerebrax/_filters.py"]
