@@ -48,8 +48,8 @@ def is_array(x: Any, *, torch: bool = False, like: bool = False) -> bool:
 
 
 def is_strict_int(x: Any) -> bool:
-    """Whether ``x`` is a Python or numpy integer and not a bool."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+    """Whether ``x`` is a Python int and not a bool (``True`` is not a count)."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def check_int(what: str, value: Any, *, ge: int | None = None, gt: int | None = None,

@@ -67,16 +67,24 @@ def put(value: Any, sharding: Sharding) -> Any:
 def put_many(values: list, placement: Any) -> list:
     """``put`` for a list of values on one sharding or a matching list of shardings.
 
-    A device (or None) or a fully addressable placement goes through one
-    ``jax.device_put``, as in a single process.
+    A value already on its placement is kept as it is (a batch that the data stream
+    placed is not placed again by the step). The rest goes through one
+    ``jax.device_put`` when every placement is a device, None or fully addressable,
+    as in a single process.
     """
-    if not isinstance(placement, (list, tuple)):
-        if _addressable(placement):
-            return jax.device_put(values, placement)
-        return [jax.tree.map(lambda v: put(v, placement), v) for v in values]
-    if all(_addressable(p) for p in jax.tree.leaves(placement)):
-        return jax.device_put(values, list(placement))
-    return [jax.tree.map(put, v, p) for v, p in zip(values, placement)]
+    placements = list(placement) if isinstance(placement, (list, tuple)) else (
+        [placement] * len(values))
+    out = list(values)
+    todo = [i for i, (v, p) in enumerate(zip(values, placements)) if not _placed_on(v, p)]
+    if not todo:
+        return out  # every value is already where it belongs: no second placement
+    if all(_addressable(p) for i in todo for p in jax.tree.leaves(placements[i])):
+        moved = jax.device_put([values[i] for i in todo], [placements[i] for i in todo])
+    else:
+        moved = [jax.tree.map(put, values[i], placements[i]) for i in todo]
+    for i, value in zip(todo, moved):
+        out[i] = value
+    return out
 
 
 def readable(value: Any) -> Any:
@@ -90,6 +98,26 @@ def readable(value: Any) -> Any:
     if not isinstance(value.sharding, NamedSharding):
         return multihost_utils.process_allgather(value, tiled=True)
     return _gather(NamedSharding(value.sharding.mesh, P()))(value)
+
+
+def _placed_on(value: Any, placement: Any) -> bool:
+    """Whether every array of ``value`` already lives on its part of ``placement``."""
+    values = jax.tree.leaves(value)
+    if isinstance(placement, (jax.Device, Sharding)):
+        placements = [placement] * len(values)
+    else:
+        placements = jax.tree.leaves(placement)
+    if not values or len(placements) != len(values):
+        return False
+    return all(_leaf_on(v, p) for v, p in zip(values, placements))
+
+
+def _leaf_on(value: Any, placement: Any) -> bool:
+    if not isinstance(value, jax.Array):
+        return False
+    if isinstance(placement, jax.Device):
+        return value.sharding.device_set == {placement}
+    return isinstance(placement, Sharding) and value.sharding == placement
 
 
 def _addressable(placement: Any) -> bool:

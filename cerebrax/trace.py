@@ -308,13 +308,13 @@ class TracedStep:
         states = [ref._value for ref in self._refs]
         if self._state_shardings is None:
             return states, dynamic
-        # On a mesh that spans processes, each process copies the slices its devices
-        # hold from the global values it was given (cerebrax._placement).
-        put = put_many if self._spans_processes else jax.device_put
-        states = put(states, self._state_shardings)
+        # Values already in their layout (the state after a step, batches that the data
+        # stream placed) stay; on a mesh that spans processes each process copies only
+        # the slices its devices hold (cerebrax._placement).
+        states = put_many(states, self._state_shardings)
         for ref, value in zip(self._refs, states):
             ref._value = value
-        return states, put(dynamic, self._input_shardings)
+        return states, put_many(dynamic, self._input_shardings)
 
 
 def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seconds: float,

@@ -10,5 +10,5 @@ from ._convert import Converted as Converted
 from ._convert import convert as convert
 from .ops._dtypes import to_jax as to_jax
 from ._program import Program as Program
-from .ops._registry import lowered_ops as lowered_ops
-from .ops._registry import lowering as lowering
+from .ops import lowered_ops as lowered_ops
+from .ops import lowering as lowering

@@ -18,7 +18,7 @@ from torch.fx.node import map_arg
 
 from cerebrax.errors import UnsupportedOpError
 
-from . import _registry
+from . import ops
 from .ops._dtypes import jax_dtype, to_jax
 
 __all__ = ["Program", "ProgramStage", "layer_path"]
@@ -68,7 +68,7 @@ def _unsupported_error(nodes: list[torch.fx.Node]) -> UnsupportedOpError:
 
 
 def _is_supported(target: Any) -> bool:
-    return _registry.lookup(target) is not None or target in _PYTHON_OPS
+    return ops.lookup(target) is not None or target in _PYTHON_OPS
 
 
 class Program:
@@ -115,8 +115,8 @@ class Program:
         self._output_node = next(n for n in graph.nodes if n.op == "output")
         self.random_nodes = [
             n for n in self.nodes
-            if (e := _registry.lookup(n.target)) is not None
-            and _registry.is_random(e, n.args, n.kwargs)
+            if (e := ops.lookup(n.target)) is not None
+            and ops.is_random(e, n.args, n.kwargs)
         ]
         self._random_index = {n: i for i, n in enumerate(self.random_nodes)}
         self.ops = sorted({str(n.target) for n in self.nodes})
@@ -162,7 +162,7 @@ class Program:
             keys = jax.random.split(key, len(self.random_nodes))
         for node in nodes:
             args, kwargs = map_arg((node.args, node.kwargs), env.__getitem__)
-            entry = _registry.lookup(node.target)
+            entry = ops.lookup(node.target)
             if entry is None:  # a Python function (shape arithmetic, getitem)
                 env[node] = node.target(*args, **kwargs)
                 continue

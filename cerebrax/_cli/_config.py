@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from .._filters import is_strict_int
 from ..backend import ClusterConfig
 from ..errors import ConfigError
 
@@ -181,7 +182,7 @@ def _mapping(value: Any, where: str, *, optional: bool = False) -> dict[str, Any
 
 
 def _int(value: Any, where: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_strict_int(value) or value < minimum:
         relation = f">= {minimum}" if minimum != 1 else "> 0"
         raise ConfigError(f"{where} must be an integer {relation}, got {_show(value)}")
     return value

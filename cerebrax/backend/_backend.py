@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from .. import _state
+from .._filters import check_int
 from .._placement import local_device
 from .._runtime import RUNTIME
 from ..errors import BackendError, ConfigError
@@ -355,12 +356,7 @@ def configure(
             "cstorch.configure() must be called before the model is instantiated: "
             "move it to the top of the script, before building the model."
         )
-    if isinstance(checkpoint_steps, bool) or not isinstance(checkpoint_steps, int) or (
-        checkpoint_steps < 0
-    ):
-        raise ConfigError(
-            f"configure(checkpoint_steps=...) must be an integer >= 0, got {checkpoint_steps!r}."
-        )
+    check_int("configure(checkpoint_steps=...)", checkpoint_steps, ge=0)
     if compile_only and validate_only:
         raise ConfigError("configure(): compile_only and validate_only are exclusive.")
     cluster = ClusterConfig(

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 
+from .._filters import check_int
 from ..errors import ConfigError, StateError
 from . import _streamers, _workers
 
@@ -28,13 +29,8 @@ STATE_VERSION = 1
 
 
 def _check_count(name: str, value: Any, minimum: int = 1) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"DataLoader({name}=...) must be an integer {'> 0' if minimum == 1 else '>= 0'}, "
-            f"got {value!r}."
-        )
+    bound = {"gt": 0} if minimum == 1 else {"ge": 0}
+    check_int(f"DataLoader({name}=...)", value, optional=True, **bound)
 
 
 def _length(data: Any) -> int | None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import _closures
 from ..backend import current_backend, run_config
+from .._filters import check_int
 from ..errors import ConfigError, StateError
 from ._dataloader import DataLoader
 from ._progress import ProgressBar
@@ -31,11 +32,7 @@ def current_executor() -> DataExecutor:
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"DataExecutor({name}=...) must be an integer >= {minimum}, got {value!r}."
-        )
-    return value
+    return check_int(f"DataExecutor({name}=...)", value, ge=minimum)
 
 
 class DataExecutor:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
 from ..backend import current_backend
+from .._filters import is_strict_int
 from ..errors import ConfigError, StateError
 
 __all__ = [
@@ -166,9 +167,7 @@ def get_streaming_batch_size(effective_batch_size: int) -> int:
     more on the first ``effective_batch_size % num_csx`` systems. On the user node, and
     in a run with one system, it is ``effective_batch_size`` itself.
     """
-    if isinstance(effective_batch_size, bool) or not isinstance(effective_batch_size, int) or (
-        effective_batch_size < 1
-    ):
+    if not is_strict_int(effective_batch_size) or effective_batch_size < 1:
         raise ConfigError(
             f"get_streaming_batch_size expects an integer batch size > 0, got "
             f"{effective_batch_size!r}."

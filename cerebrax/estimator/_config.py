@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._filters import is_strict_int
 from ..errors import ConfigError
 
 __all__ = ["RunConfig"]
@@ -59,8 +60,7 @@ class RunConfig:
             )
         for name, value in (("save_checkpoints_steps", save_checkpoints_steps),
                             ("keep_checkpoint_max", keep_checkpoint_max)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 0):
+            if value is not None and (not is_strict_int(value) or value < 0):
                 raise ConfigError(
                     f"RunConfig({name}=...) must be a non-negative integer or None, got "
                     f"{value!r}."

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import _closures, _state
+from .._filters import is_strict_int
 from ..backend import backend as make_backend
 from ..backend import current_backend
 from ..ckpt import load, save
@@ -362,6 +363,5 @@ class Estimator:
 
 
 def _check_steps(name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
+    if value is not None and (not is_strict_int(value) or value < 1):
         raise ConfigError(f"{name} must be a positive integer or None, got {value!r}.")

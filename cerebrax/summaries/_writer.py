@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._filters import is_strict_int
 from ..errors import ConfigError
 from ._event import FILE_VERSION, ProtoError, encode_event
 from ._records import frame
@@ -75,7 +76,7 @@ class SummaryWriter:
         flush_secs: float = 10.0,
         filename_suffix: str = "",
     ):
-        if isinstance(base_step, bool) or not isinstance(base_step, int):
+        if not is_strict_int(base_step):
             raise ConfigError(f"SummaryWriter(base_step=...) must be an int, got {base_step!r}.")
         if log_dir is None:
             stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")

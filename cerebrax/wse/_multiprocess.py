@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 
+from .._filters import check_int, is_strict_int
 from .._runtime import RUNTIME
 from ..errors import BackendError, ConfigError
 
@@ -121,9 +122,8 @@ def _check_arguments(address: Any, n: Any, rank: Any, collectives: Any) -> None:
             f"coordinator_address must be 'host:port' (e.g. 'localhost:4321' or "
             f"'10.0.0.1:4321'), got {address!r}."
         )
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"num_processes must be an integer >= 1, got {n!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < n:
+    check_int("num_processes", n, ge=1)
+    if not is_strict_int(rank) or not 0 <= rank < n:
         raise ConfigError(
             f"process_id must be an integer in 0..{n - 1} (num_processes={n}), got "
             f"{rank!r}. Give every process its own rank."

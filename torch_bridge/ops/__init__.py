@@ -1,4 +1,12 @@
-"""The built-in lowerings, one module per op family (importing registers them)."""
+"""The lowering registry and the built-in lowerings, one module per op family.
+
+Importing this package registers the built-in lowerings; ``lowering`` registers more.
+"""
+
+from ._registry import is_random as is_random
+from ._registry import lookup as lookup
+from ._registry import lowered_ops as lowered_ops
+from ._registry import lowering as lowering
 
 from . import attention as attention
 from . import conv as conv
