@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from ._pipeline import _batch_of, _is_array, _micro_batches
+from ._pipeline import _batch_of, _is_split_input, _micro_batches
 
 __all__ = ["micro_batched_apply"]
 
@@ -74,7 +74,7 @@ def micro_batched_apply(apply: ApplyFn, micro_batch_size: int, num_csx: int,
         x = x.reshape(count, num_csx, micro_batch_size, *x.shape[2:]).swapaxes(0, 1)
         return x.reshape(batch, *x.shape[3:])
 
-    array_index = [i for i, x in enumerate(leaves) if _is_array(x)]
+    array_index = [i for i, x in enumerate(leaves) if _is_split_input(x)]
     chunks = [split(leaves[i]) for i in array_index]
 
     def body(bufs: dict, inputs: tuple) -> tuple[dict, Any]:

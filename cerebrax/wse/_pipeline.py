@@ -45,6 +45,7 @@ forward and backward pass each device holds and computes with its own stage only
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,8 +53,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from .._filters import is_array
 from ..errors import ConfigError
 from ._mesh import Wafer
 
@@ -134,60 +137,43 @@ def split_layers(costs: Sequence[float], num_stages: int, names: Sequence[str] =
     return ranges[::-1]
 
 
-# ---- flat per-dtype packing -------------------------------------------------------------
-class _Flat:
-    """Lays a list of arrays of known shapes out in one flat vector per dtype."""
+def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
+                    micro_batch_size: int | None,
+                    params: dict, buffers: dict, args: tuple, kwargs: dict, *,
+                    key: Any = None) -> tuple[Any, dict]:
+    """Runs one model call as a GPipe schedule on ``wafer`` (see the module docstring).
 
-    def __init__(self, structs: Sequence[Any]):
-        self.slots = []
-        self.sizes: dict[str, int] = {}
-        for s in structs:
-            dtype = np.dtype(s.dtype)
-            if jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key):
-                raise ConfigError("A PRNG key array cannot cross a pipeline stage boundary.")
-            size = math.prod(s.shape)
-            start = self.sizes.get(dtype.name, 0)
-            self.slots.append((dtype.name, start, size, tuple(s.shape)))
-            self.sizes[dtype.name] = start + size
+    Args:
+      layers_for: ``layers_for(args, kwargs)`` gives the model's :class:`Layers` for
+        inputs like one micro-batch's (array leaves as ``jax.ShapeDtypeStruct``).
+      wafer: a pipeline :class:`Wafer` (mesh axes ``("csx", "stage")``).
+      micro_batch_size: rows per micro-batch; None gives ``num_stages`` micro-batches.
+      params, buffers: the model's state by name (arrays or tracers).
+      args, kwargs: the model's inputs; every array leaf is split along dim 0.
+      key: a PRNG key (typed or raw) or None.
 
-    def pack(self, arrays: Sequence[Any], widths: dict[str, int]) -> dict[str, jax.Array]:
-        parts: dict[str, list] = {k: [] for k in widths}
-        for (k, _, _, _), a in zip(self.slots, arrays):
-            parts[k].append(jnp.ravel(a).astype(k))
-        out = {}
-        for k, width in widths.items():
-            pad = width - self.sizes.get(k, 0)
-            pieces = parts[k] + ([jnp.zeros((pad,), k)] if pad else [])
-            out[k] = jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-        return out
-
-    def unpack(self, flat: dict[str, jax.Array], lead: tuple[int, ...] = ()) -> list:
-        """The arrays back; ``flat[k]`` may have leading dims ``lead`` before the vector."""
-        return [jax.lax.slice_in_dim(flat[k], start, start + size, axis=len(lead))
-                .reshape(*lead, *shape) for k, start, size, shape in self.slots]
+    Returns:
+      ``(outputs, new_buffers)`` like a ``ModelAdapter.apply``.
+    """
+    inputs = _MicroBatchedInputs.of(args, kwargs, wafer.mesh, micro_batch_size)
+    key_data, typed_key = _key_data(key)
+    plan = _plan(layers_for, wafer.mesh, inputs, params, buffers, key_data, typed_key)
+    packed_params, packed_buffers = _pack_state(plan, params, buffers)
+    outs, new_rows = _run_schedule(plan, packed_params, packed_buffers, key_data)
+    return _gather_outputs(plan, outs), _new_buffers(plan, buffers, new_rows)
 
 
-def _widths(flats: Sequence[_Flat]) -> dict[str, int]:
-    widths: dict[str, int] = {}
-    for f in flats:
-        for k, n in f.sizes.items():
-            widths[k] = max(widths.get(k, 0), n)
-    return {k: widths[k] for k in sorted(widths) if widths[k] > 0}
-
-
-def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    """``x`` marked as varying over every axis in ``axes`` (shard_map's type system)."""
-    missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-
-# ---- the schedule -----------------------------------------------------------------------
-def _is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, jax.core.Tracer))
+# ---- the call's inputs: micro-batches and key -------------------------------------------
+def _is_split_input(x: Any) -> bool:
+    """Whether a model input leaf is split into micro-batches: an array, not a numpy scalar."""
+    # A numpy scalar (np.float32(0.5) written in the step) goes to every micro-batch as
+    # it is, like a Python number.
+    return is_array(x) and not isinstance(x, np.generic)
 
 
 def _batch_of(leaves: list, names: list[str], what: str = "Pipeline mode") -> int:
-    arrays = [(n, x) for n, x in zip(names, leaves) if _is_array(x)]
+    """The rows of the call: the first dimension every split input shares (ConfigError)."""
+    arrays = [(n, x) for n, x in zip(names, leaves) if _is_split_input(x)]
     if not arrays or not arrays[0][1].shape:
         raise ConfigError(
             f"{what} splits the model's inputs into micro-batches along their first "
@@ -207,6 +193,7 @@ def _batch_of(leaves: list, names: list[str], what: str = "Pipeline mode") -> in
 
 def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int,
                    what: str = "Pipeline mode") -> int:
+    """How many micro-batches each system's rows make (ConfigError where they don't split)."""
     if batch % num_csx:
         raise ConfigError(
             f"The model's batch of {batch} rows cannot be split over num_csx={num_csx} "
@@ -236,172 +223,354 @@ def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int,
     return per_system // micro
 
 
-def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
-                    micro_batch_size: int | None,
-                    params: dict, buffers: dict, args: tuple, kwargs: dict, *,
-                    key: Any = None) -> tuple[Any, dict]:
-    """Runs one model call as a GPipe schedule on ``wafer`` (see the module docstring).
+@dataclasses.dataclass(frozen=True)
+class _MicroBatchedInputs:
+    """The model call's inputs as flat leaves, and how they split into micro-batches.
 
-    Args:
-      layers_for: ``layers_for(args, kwargs)`` gives the model's :class:`Layers` for
-        inputs like one micro-batch's (array leaves as ``jax.ShapeDtypeStruct``).
-      wafer: a pipeline :class:`Wafer` (mesh axes ``("csx", "stage")``).
-      micro_batch_size: rows per micro-batch; None gives ``num_stages`` micro-batches.
-      params, buffers: the model's state by name (arrays or tracers).
-      args, kwargs: the model's inputs; every array leaf is split along dim 0.
-      key: a PRNG key (typed or raw) or None.
-
-    Returns:
-      ``(outputs, new_buffers)`` like a ``ModelAdapter.apply``.
+    Attributes:
+      leaves, treedef: ``jax.tree.flatten((args, kwargs))``.
+      split: indexes of the leaves split along dim 0 (the arrays); others stay as they are.
+      batch: rows of the whole call.
+      count: micro-batches per system (``M``).
+      rows: rows per micro-batch.
     """
-    mesh = wafer.mesh
-    num_csx, num_stages = mesh.shape["csx"], mesh.shape["stage"]
-    leaves, treedef = jax.tree.flatten((args, kwargs))
-    paths = [jax.tree_util.keystr(p) for p, _ in
-             jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
-    names = ["inputs" + p for p in paths]
-    batch = _batch_of(leaves, names)
-    m_count = _micro_batches(batch, num_csx, micro_batch_size, num_stages)
-    micro = batch // num_csx // m_count
-    dyn_index = [i for i, x in enumerate(leaves) if _is_array(x)]
-    typed_key = key is not None and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-    key_data = None if key is None else (jax.random.key_data(key) if typed_key else key)
 
-    def micro_inputs(dyn: list) -> tuple[tuple, dict]:
-        full = list(leaves)
-        for i, x in zip(dyn_index, dyn):
+    leaves: tuple
+    treedef: Any
+    split: tuple[int, ...]
+    batch: int
+    count: int
+    rows: int
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict, mesh: Mesh, micro_batch_size: int | None
+           ) -> _MicroBatchedInputs:
+        """Flattens the inputs and checks that the batch splits (ConfigError otherwise)."""
+        leaves, treedef = jax.tree.flatten((args, kwargs))
+        names = ["inputs" + jax.tree_util.keystr(p)
+                 for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
+        num_csx, num_stages = mesh.shape["csx"], mesh.shape["stage"]
+        batch = _batch_of(leaves, names)
+        count = _micro_batches(batch, num_csx, micro_batch_size, num_stages)
+        split = tuple(i for i, x in enumerate(leaves) if _is_split_input(x))
+        return cls(tuple(leaves), treedef, split, batch, count, batch // num_csx // count)
+
+    def arrays(self) -> list:
+        """The leaves that are split, whole (``[batch, ...]``)."""
+        return [self.leaves[i] for i in self.split]
+
+    def abstract(self) -> list[jax.ShapeDtypeStruct]:
+        """Shapes and dtypes of the split leaves for one micro-batch."""
+        return [jax.ShapeDtypeStruct((self.rows, *self.leaves[i].shape[1:]),
+                                     self.leaves[i].dtype) for i in self.split]
+
+    def rebuild(self, arrays: list) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with the split leaves replaced by ``arrays``."""
+        full = list(self.leaves)
+        for i, x in zip(self.split, arrays):
             full[i] = x
-        return jax.tree.unflatten(treedef, full)
+        return jax.tree.unflatten(self.treedef, full)
 
-    def stage_key(kd: Any, index: Any) -> Any:
-        if kd is None:
+
+def _key_data(key: Any) -> tuple[Any, bool]:
+    """``(raw key data or None, whether key is a typed key)``: raw data crosses shard_map."""
+    typed = key is not None and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    data = None if key is None else (jax.random.key_data(key) if typed else key)
+    return data, typed
+
+
+def _fold_key(key_data: Any, typed: bool, index: Any) -> Any:
+    """``fold_in(key, index)`` for the key behind ``key_data``; None without a key."""
+    if key_data is None:
+        return None
+    k = jax.random.wrap_key_data(key_data) if typed else key_data
+    return jax.random.fold_in(k, index)
+
+
+# ---- the plan: stages and the layouts of their state and carries ------------------------
+@dataclasses.dataclass(frozen=True)
+class _PipelinePlan:
+    """Everything about one pipelined call that is fixed before its schedule is traced.
+
+    Stage ``k`` runs ``stages[k]``. Its parameters, its buffers and the carry it sends to
+    stage ``k + 1`` (the last stage: the model's outputs) are packed by
+    ``param_flats[k]``, ``buffer_flats[k]`` and ``carry_flats[k]`` into one flat vector
+    per dtype, of the width ``*_widths`` gives (the largest over all stages).
+    """
+
+    mesh: Mesh
+    inputs: _MicroBatchedInputs
+    typed_key: bool
+    stages: tuple[Stage, ...]
+    carry_defs: tuple  # treedef of what stage k sends
+    carry_flats: tuple[_Flat, ...]
+    carry_widths: dict[str, int]
+    param_flats: tuple[_Flat, ...]
+    param_widths: dict[str, int]
+    buffer_flats: tuple[_Flat, ...]
+    buffer_widths: dict[str, int]
+
+    @property
+    def num_csx(self) -> int:
+        """Systems the batch is split over (mesh axis ``"csx"``)."""
+        return self.mesh.shape["csx"]
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages (mesh axis ``"stage"``)."""
+        return self.mesh.shape["stage"]
+
+    @property
+    def last(self) -> int:
+        """The index of the last stage (the one producing the outputs)."""
+        return self.num_stages - 1
+
+    def received(self, k: int, flat: dict[str, jax.Array]) -> Any:
+        """The carry stage ``k`` receives, unpacked from ``flat`` (None for stage 0)."""
+        if k == 0:
             return None
-        k = jax.random.wrap_key_data(kd) if typed_key else kd
-        return jax.random.fold_in(k, index)
+        return jax.tree.unflatten(self.carry_defs[k - 1], self.carry_flats[k - 1].unpack(flat))
 
-    # Shapes of every carry, from an abstract run of the stages on one micro-batch.
-    def sub(d: dict, names: Sequence[str]) -> dict:
-        return {n: d[n] for n in names}
 
-    abstract = [jax.ShapeDtypeStruct((micro, *leaves[i].shape[1:]), leaves[i].dtype)
-                for i in dyn_index]
-    layers = layers_for(*micro_inputs(abstract))
-    ranges = split_layers(layers.costs, num_stages, list(layers.names))
-    stages = [layers.stage(lo, hi) for lo, hi in ranges]
-    carry_shapes, carry_defs = [], []
-    carry = None
-    for k, stage in enumerate(stages):
-        def probe(p, b, c, dyn, kd, _stage=stage):
-            a, kw = micro_inputs(dyn)
-            out, _ = _stage.fn(p, b, c, a, kw, stage_key(kd, 0))
-            return out
-        # Traced where stages run (under shard_map, every input replicated), abstractly.
-        probe = jax.shard_map(probe, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
-        carry = jax.eval_shape(probe, sub(params, stage.params), sub(buffers, stage.buffers),
+def _plan(layers_for: Callable[[tuple, dict], Layers], mesh: Mesh,
+          inputs: _MicroBatchedInputs, params: dict, buffers: dict, key_data: Any,
+          typed_key: bool) -> _PipelinePlan:
+    """Splits the model into stages and lays out their state and carries."""
+    abstract = inputs.abstract()
+    layers = layers_for(*inputs.rebuild(abstract))
+    ranges = split_layers(layers.costs, mesh.shape["stage"], list(layers.names))
+    stages = tuple(layers.stage(lo, hi) for lo, hi in ranges)
+    carries = _probe_carries(mesh, stages, inputs, abstract, params, buffers, key_data,
+                             typed_key)
+    _check_outputs(jax.tree.leaves(carries[-1]), inputs.rows, inputs.batch)
+    carry_flats = tuple(_Flat(jax.tree.leaves(c)) for c in carries)
+    param_flats = tuple(_Flat([params[n] for n in s.params]) for s in stages)
+    buffer_flats = tuple(_Flat([buffers[n] for n in s.buffers]) for s in stages)
+    return _PipelinePlan(
+        mesh=mesh, inputs=inputs, typed_key=typed_key, stages=stages,
+        carry_defs=tuple(jax.tree.structure(c) for c in carries),
+        carry_flats=carry_flats, carry_widths=_widths(carry_flats),
+        param_flats=param_flats, param_widths=_widths(param_flats),
+        buffer_flats=buffer_flats, buffer_widths=_widths(buffer_flats),
+    )
+
+
+def _probe_carries(mesh: Mesh, stages: Sequence[Stage], inputs: _MicroBatchedInputs,
+                   abstract: list, params: dict, buffers: dict, key_data: Any,
+                   typed_key: bool) -> list:
+    """What each stage returns for one micro-batch, as ``jax.ShapeDtypeStruct`` trees."""
+    carries, carry = [], None
+    for stage in stages:
+        probe = _probe(mesh, stage, inputs, typed_key)
+        carry = jax.eval_shape(probe, _sub(params, stage.params), _sub(buffers, stage.buffers),
                                carry, abstract, key_data)
-        shapes, cdef = jax.tree.flatten(carry)
-        if k == num_stages - 1:
-            _check_outputs(shapes, micro, batch)
-        carry_shapes.append(shapes)
-        carry_defs.append(cdef)
-    carry_flats = [_Flat(s) for s in carry_shapes]  # carry_flats[k]: what stage k sends
-    carry_widths = _widths(carry_flats)
+        carries.append(carry)
+    return carries
 
-    param_flats = [_Flat([params[n] for n in s.params]) for s in stages]
-    param_widths = _widths(param_flats)
-    buffer_flats = [_Flat([buffers[n] for n in s.buffers]) for s in stages]
-    buffer_widths = _widths(buffer_flats)
-    packed_params = _stack([f.pack([params[n] for n in s.params], param_widths)
-                            for f, s in zip(param_flats, stages)], param_widths)
-    packed_buffers = _stack([f.pack([buffers[n] for n in s.buffers], buffer_widths)
-                             for f, s in zip(buffer_flats, stages)], buffer_widths)
-    axes = ("csx", "stage")
 
-    def branch(k: int, dyn_inputs: list):
-        stage = stages[k]
+def _probe(mesh: Mesh, stage: Stage, inputs: _MicroBatchedInputs, typed_key: bool
+           ) -> Callable:
+    """``stage`` on one micro-batch under shard_map (every input replicated), for eval_shape."""
 
-        def run(prow, brow, carry_in, m, kd):
-            c_index = jax.lax.axis_index("csx") * m_count + m
-            p = dict(zip(stage.params, param_flats[k].unpack(prow)))
-            b = dict(zip(stage.buffers, buffer_flats[k].unpack(brow)))
-            c = None if k == 0 else jax.tree.unflatten(
-                carry_defs[k - 1], carry_flats[k - 1].unpack(carry_in))
-            dyn = [jax.lax.dynamic_index_in_dim(x, m, keepdims=False) for x in dyn_inputs]
-            a, kw = micro_inputs(dyn)
-            out, updates = stage.fn(p, b, c, a, kw, stage_key(kd, c_index))
-            b.update(updates)
-            new_brow = buffer_flats[k].pack([b[n] for n in stage.buffers], buffer_widths)
-            new_carry = carry_flats[k].pack(jax.tree.leaves(out), carry_widths)
-            return (jax.tree.map(lambda x: _vary(x, axes), new_carry),
-                    jax.tree.map(lambda x: _vary(x, axes), new_brow))
-        return run
+    def probe(p, b, c, dyn, kd):
+        a, kw = inputs.rebuild(dyn)
+        out, _ = stage.fn(p, b, c, a, kw, _fold_key(kd, typed_key, 0))
+        return out
+    # Traced where stages run (under shard_map), abstractly.
+    return jax.shard_map(probe, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
 
-    def idle(prow, brow, carry_in, m, kd):
-        zeros = {k: _vary(jnp.zeros((w,), k), axes) for k, w in carry_widths.items()}
-        return zeros, jax.tree.map(lambda x: _vary(x, axes), brow)
 
-    last = num_stages - 1
-    perm = [(s, s + 1) for s in range(num_stages - 1)]
+def _sub(d: dict, names: Sequence[str]) -> dict:
+    """The entries of ``d`` named by ``names``."""
+    return {n: d[n] for n in names}
 
-    def body(prows, brows, dyn, kd):
-        # Everything a stage reads is marked varying over both axes once, before the
-        # schedule: every value in a stage then has one type (custom_vjp rules in the
-        # lowerings need that), and the transposed cast sums a parameter's gradient
-        # over "csx" once per step, not once per tick.
-        per_micro = [_vary(x.reshape(m_count, micro, *x.shape[1:]), axes) for x in dyn]
-        branches = [branch(k, per_micro) for k in range(num_stages)] + [idle]
-        s = jax.lax.axis_index("stage")
-        prow = {k: _vary(v[0], axes) for k, v in prows.items()}
-        brow0 = {k: _vary(v[0], axes) for k, v in brows.items()}
-        carry0 = {k: _vary(jnp.zeros((w,), k), axes) for k, w in carry_widths.items()}
-        outs0 = {k: _vary(jnp.zeros((m_count, w), k), axes) for k, w in carry_widths.items()}
 
-        def tick(state, t):
-            carry_in, brow, outs = state
-            m_raw = t - s
-            valid = (m_raw >= 0) & (m_raw < m_count)
-            m = jnp.clip(m_raw, 0, m_count - 1)
-            index = jnp.where(valid, s, num_stages)
-            carry_out, brow = jax.lax.switch(index, branches, prow, brow, carry_in, m, kd)
-            keep = valid & (s == last)
-            outs = {k: jax.lax.dynamic_update_index_in_dim(
-                v, jnp.where(keep, carry_out[k], v[m]), m, 0) for k, v in outs.items()}
-            if perm:
-                carry_out = {k: jax.lax.ppermute(v, "stage", perm)
-                             for k, v in carry_out.items()}
-            return (carry_out, brow, outs), None
+def _check_outputs(shapes: list, micro: int, batch: int) -> None:
+    """Checks that every output of the last stage has the micro-batch as dim 0 (ConfigError)."""
+    for s in shapes:
+        if not s.shape or s.shape[0] != micro:
+            raise ConfigError(
+                f"Pipeline mode gathers the model's outputs micro-batch by micro-batch, "
+                f"so every output needs the batch as its first dimension; one output has "
+                f"shape {tuple(s.shape)} for a micro-batch of {micro} rows (batch {batch}). "
+                "Fix: return per-example outputs from the model and reduce them (e.g. the "
+                "loss) in the step."
+            )
 
-        ticks = jnp.arange(m_count + num_stages - 1)
-        (_, brow, outs), _ = jax.lax.scan(tick, (carry0, brow0, outs0), ticks)
-        outs = {k: jax.lax.psum(v, "stage") for k, v in outs.items()}
-        brow = {k: _across_systems(v) for k, v in brow.items()}
-        return outs, {k: v[None] for k, v in brow.items()}
 
-    dyn = [leaves[i] for i in dyn_index]
+# ---- flat per-dtype packing -------------------------------------------------------------
+class _Flat:
+    """Lays a list of arrays of known shapes out in one flat vector per dtype."""
+
+    def __init__(self, structs: Sequence[Any]):
+        self.slots = []
+        self.sizes: dict[str, int] = {}
+        for s in structs:
+            dtype = np.dtype(s.dtype)
+            if jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key):
+                raise ConfigError("A PRNG key array cannot cross a pipeline stage boundary.")
+            size = math.prod(s.shape)
+            start = self.sizes.get(dtype.name, 0)
+            self.slots.append((dtype.name, start, size, tuple(s.shape)))
+            self.sizes[dtype.name] = start + size
+
+    def pack(self, arrays: Sequence[Any], widths: dict[str, int]) -> dict[str, jax.Array]:
+        """``arrays`` in one vector per dtype, zero-padded to ``widths``."""
+        parts: dict[str, list] = {k: [] for k in widths}
+        for (k, _, _, _), a in zip(self.slots, arrays):
+            parts[k].append(jnp.ravel(a).astype(k))
+        out = {}
+        for k, width in widths.items():
+            pad = width - self.sizes.get(k, 0)
+            pieces = parts[k] + ([jnp.zeros((pad,), k)] if pad else [])
+            out[k] = jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        return out
+
+    def unpack(self, flat: dict[str, jax.Array], lead: tuple[int, ...] = ()) -> list:
+        """The arrays back; ``flat[k]`` may have leading dims ``lead`` before the vector."""
+        return [jax.lax.slice_in_dim(flat[k], start, start + size, axis=len(lead))
+                .reshape(*lead, *shape) for k, start, size, shape in self.slots]
+
+
+def _widths(flats: Sequence[_Flat]) -> dict[str, int]:
+    """The width per dtype that holds every layout in ``flats`` (dtypes sorted, none empty)."""
+    widths: dict[str, int] = {}
+    for f in flats:
+        for k, n in f.sizes.items():
+            widths[k] = max(widths.get(k, 0), n)
+    return {k: widths[k] for k in sorted(widths) if widths[k] > 0}
+
+
+def _pack_state(plan: _PipelinePlan, params: dict, buffers: dict) -> tuple[dict, dict]:
+    """Parameters and buffers packed per stage: ``{dtype: [num_stages, width]}`` each."""
+    packed_params = _pack_per_stage(plan.param_flats, [s.params for s in plan.stages],
+                                    params, plan.param_widths)
+    packed_buffers = _pack_per_stage(plan.buffer_flats, [s.buffers for s in plan.stages],
+                                     buffers, plan.buffer_widths)
+    return packed_params, packed_buffers
+
+
+def _pack_per_stage(flats: Sequence[_Flat], names: Sequence[Sequence[str]], values: dict,
+                    widths: dict[str, int]) -> dict[str, jax.Array]:
+    """Row ``k``: the ``values`` stage ``k`` names, packed by ``flats[k]``; rows stacked."""
+    rows = [f.pack([values[n] for n in ns], widths) for f, ns in zip(flats, names)]
+    return {k: jnp.stack([r[k] for r in rows]) for k in widths}
+
+
+# ---- the schedule -----------------------------------------------------------------------
+_AXES = ("csx", "stage")
+
+
+def _run_schedule(plan: _PipelinePlan, packed_params: dict, packed_buffers: dict,
+                  key_data: Any) -> tuple[dict, dict]:
+    """Runs the schedule on the mesh: ``({dtype: [num_csx * M, width]}, new buffer rows)``."""
+    dyn = plan.inputs.arrays()
     in_specs = (
         {k: P("stage") for k in packed_params},
         {k: P("stage") for k in packed_buffers},
         [P("csx") for _ in dyn],
         None if key_data is None else P(),
     )
-    out_specs = ({k: P("csx") for k in carry_widths}, {k: P("stage") for k in packed_buffers})
-    run = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    outs, new_rows = run(packed_params, packed_buffers, dyn, key_data)
-
-    # Outputs: [num_csx * M, width] per dtype -> leaves of [batch, ...].
-    out_leaves = [x.reshape(batch, *x.shape[2:])
-                  for x in carry_flats[last].unpack(outs, lead=(num_csx * m_count,))]
-    out = jax.tree.unflatten(carry_defs[last], out_leaves)
-    new_buffers = dict(buffers)
-    for k, (flat, stage) in enumerate(zip(buffer_flats, stages)):
-        row = {d: v[k] for d, v in new_rows.items()}
-        for name, value in zip(stage.buffers, flat.unpack(row)):
-            new_buffers[name] = value
-    return out, new_buffers
+    out_specs = ({k: P("csx") for k in plan.carry_widths},
+                 {k: P("stage") for k in packed_buffers})
+    run = jax.shard_map(functools.partial(_schedule, plan), mesh=plan.mesh,
+                        in_specs=in_specs, out_specs=out_specs)
+    return run(packed_params, packed_buffers, dyn, key_data)
 
 
-def _stack(rows: list[dict], widths: dict[str, int]) -> dict[str, jax.Array]:
-    return {k: jnp.stack([r[k] for r in rows]) for k in widths}
+def _schedule(plan: _PipelinePlan, prows: dict, brows: dict, dyn: list, kd: Any
+              ) -> tuple[dict, dict]:
+    """One device's program: all ticks of its stage, then outputs and buffers reduced."""
+    # Everything a stage reads is marked varying over both axes once, before the
+    # schedule: every value in a stage then has one type (custom_vjp rules in the
+    # lowerings need that), and the transposed cast sums a parameter's gradient
+    # over "csx" once per step, not once per tick.
+    per_micro = [_vary(x.reshape(plan.inputs.count, plan.inputs.rows, *x.shape[1:]), _AXES)
+                 for x in dyn]
+    branches = ([_stage_branch(plan, k, per_micro) for k in range(plan.num_stages)]
+                + [_idle_branch(plan)])
+    s = jax.lax.axis_index("stage")
+    prow = {k: _vary(v[0], _AXES) for k, v in prows.items()}
+    brow0 = {k: _vary(v[0], _AXES) for k, v in brows.items()}
+    state0 = (_zeros(plan.carry_widths), brow0,
+              _zeros(plan.carry_widths, (plan.inputs.count,)))
+    tick = _tick(plan, branches, s, prow, kd)
+    ticks = jnp.arange(plan.inputs.count + plan.num_stages - 1)
+    (_, brow, outs), _ = jax.lax.scan(tick, state0, ticks)
+    outs = {k: jax.lax.psum(v, "stage") for k, v in outs.items()}
+    brow = {k: _across_systems(v) for k, v in brow.items()}
+    return outs, {k: v[None] for k, v in brow.items()}
+
+
+def _tick(plan: _PipelinePlan, branches: list[Callable], s: jax.Array, prow: dict, kd: Any
+          ) -> Callable:
+    """The scan step: at tick ``t`` stage ``s`` runs micro-batch ``t - s`` (or idles),
+    the last stage keeps its outputs, and every carry moves to the next stage."""
+    count = plan.inputs.count
+    perm = [(i, i + 1) for i in range(plan.num_stages - 1)]
+
+    def tick(state, t):
+        carry_in, brow, outs = state
+        m_raw = t - s
+        valid = (m_raw >= 0) & (m_raw < count)
+        m = jnp.clip(m_raw, 0, count - 1)
+        index = jnp.where(valid, s, plan.num_stages)
+        carry_out, brow = jax.lax.switch(index, branches, prow, brow, carry_in, m, kd)
+        outs = _keep_outputs(outs, carry_out, m, valid & (s == plan.last))
+        if perm:
+            carry_out = {k: jax.lax.ppermute(v, "stage", perm) for k, v in carry_out.items()}
+        return (carry_out, brow, outs), None
+    return tick
+
+
+def _keep_outputs(outs: dict, carry_out: dict, m: jax.Array, keep: jax.Array) -> dict:
+    """``outs`` with row ``m`` set to ``carry_out`` where ``keep`` (and left as it is elsewhere)."""
+    return {k: jax.lax.dynamic_update_index_in_dim(v, jnp.where(keep, carry_out[k], v[m]), m, 0)
+            for k, v in outs.items()}
+
+
+def _stage_branch(plan: _PipelinePlan, k: int, per_micro: list) -> Callable:
+    """Stage ``k``'s tick: runs micro-batch ``m``; returns its packed carry and buffers."""
+    stage = plan.stages[k]
+    buffer_flat = plan.buffer_flats[k]
+
+    def run(prow, brow, carry_in, m, kd):
+        c_index = jax.lax.axis_index("csx") * plan.inputs.count + m
+        p = dict(zip(stage.params, plan.param_flats[k].unpack(prow)))
+        b = dict(zip(stage.buffers, buffer_flat.unpack(brow)))
+        c = plan.received(k, carry_in)
+        dyn = [jax.lax.dynamic_index_in_dim(x, m, keepdims=False) for x in per_micro]
+        a, kw = plan.inputs.rebuild(dyn)
+        out, updates = stage.fn(p, b, c, a, kw, _fold_key(kd, plan.typed_key, c_index))
+        b.update(updates)
+        new_brow = buffer_flat.pack([b[n] for n in stage.buffers], plan.buffer_widths)
+        new_carry = plan.carry_flats[k].pack(jax.tree.leaves(out), plan.carry_widths)
+        return _vary_tree(new_carry), _vary_tree(new_brow)
+    return run
+
+
+def _idle_branch(plan: _PipelinePlan) -> Callable:
+    """A tick without a micro-batch (the bubble): a zero carry, buffers unchanged."""
+
+    def idle(prow, brow, carry_in, m, kd):
+        return _zeros(plan.carry_widths), _vary_tree(brow)
+    return idle
+
+
+def _zeros(widths: dict[str, int], lead: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+    """Zero vectors of ``widths`` (after dims ``lead``), varying over both mesh axes."""
+    return {k: _vary(jnp.zeros((*lead, w), k), _AXES) for k, w in widths.items()}
+
+
+def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``x`` marked as varying over every axis in ``axes`` (shard_map's type system)."""
+    missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _vary_tree(tree: Any) -> Any:
+    """Every leaf of ``tree`` marked as varying over both mesh axes."""
+    return jax.tree.map(lambda x: _vary(x, _AXES), tree)
 
 
 def _across_systems(x: jax.Array) -> jax.Array:
@@ -413,14 +582,19 @@ def _across_systems(x: jax.Array) -> jax.Array:
     return jax.lax.pmax(x, "csx")
 
 
-def _check_outputs(shapes: list, micro: int, batch: int) -> None:
-    for s in shapes:
-        if not s.shape or s.shape[0] != micro:
-            raise ConfigError(
-                f"Pipeline mode gathers the model's outputs micro-batch by micro-batch, "
-                f"so every output needs the batch as its first dimension; one output has "
-                f"shape {tuple(s.shape)} for a micro-batch of {micro} rows (batch {batch}). "
-                "Fix: return per-example outputs from the model and reduce them (e.g. the "
-                "loss) in the step."
-            )
+# ---- results ----------------------------------------------------------------------------
+def _gather_outputs(plan: _PipelinePlan, outs: dict[str, jax.Array]) -> Any:
+    """The model's outputs: ``[num_csx * M, width]`` per dtype to leaves of ``[batch, ...]``."""
+    lead = (plan.num_csx * plan.inputs.count,)
+    leaves = [x.reshape(plan.inputs.batch, *x.shape[2:])
+              for x in plan.carry_flats[plan.last].unpack(outs, lead=lead)]
+    return jax.tree.unflatten(plan.carry_defs[plan.last], leaves)
 
+
+def _new_buffers(plan: _PipelinePlan, buffers: dict, new_rows: dict[str, jax.Array]) -> dict:
+    """``buffers`` with each stage's buffers replaced by the ones in its row of ``new_rows``."""
+    new_buffers = dict(buffers)
+    for k, (flat, stage) in enumerate(zip(plan.buffer_flats, plan.stages)):
+        row = {d: v[k] for d, v in new_rows.items()}
+        new_buffers.update(zip(stage.buffers, flat.unpack(row)))
+    return new_buffers
