@@ -4,6 +4,7 @@ The class validates torch's arguments with torch's messages (the checks the othe
 family classes share) and builds :func:`cerebrax.optim.transforms.adam` per param
 group; the update math lives there. Its state dict uses torch's per-parameter keys;
 cerebrax keeps one step count per param group, written to every parameter's entry.
+``AdamW`` is this class with another factory and its own signature.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class Adam(AdamLayout):
 
     _static_hyperparameters = ("betas",)
     _state_type = TorchAdamState
+    _factory = staticmethod(adam)  # the optax factory of a param group
+    _group_options = ("decoupled_weight_decay",)  # its options past Adam's shared ones
 
     def __init__(
         self,
@@ -64,9 +67,33 @@ class Adam(AdamLayout):
         fused: bool | None = None,
         decoupled_weight_decay: bool = False,
     ):
-        refuse_differentiable("Adam", differentiable)
-        check_adam_arguments(lr, betas, eps, weight_decay)
         del foreach, capturable, fused
+        self._init_adam(
+            "Adam", params, lr, betas, eps, weight_decay, amsgrad, maximize, differentiable,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+
+    def _init_adam(
+        self,
+        name: str,
+        params: Iterable[Any],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        amsgrad: bool,
+        maximize: bool,
+        differentiable: bool,
+        **options: Any,
+    ) -> None:
+        """Checks torch's arguments and sets the param group defaults.
+
+        The defaults are ``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad``,
+        ``maximize`` and then ``options``, the class's :attr:`_group_options`; ``name``
+        is the class's name in the ``differentiable=True`` refusal.
+        """
+        refuse_differentiable(name, differentiable)
+        check_adam_arguments(lr, betas, eps, weight_decay)
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -74,13 +101,13 @@ class Adam(AdamLayout):
             weight_decay=weight_decay,
             amsgrad=amsgrad,
             maximize=maximize,
-            decoupled_weight_decay=decoupled_weight_decay,
+            **options,
         )
         super().__init__(params, defaults)
 
     def _transform(self, group: Any):
         b1, b2 = group["betas"]
-        return adam(
+        return self._factory(
             group["lr"],
             b1,
             b2,
@@ -88,5 +115,5 @@ class Adam(AdamLayout):
             group["weight_decay"],
             amsgrad=group["amsgrad"],
             maximize=group["maximize"],
-            decoupled_weight_decay=group["decoupled_weight_decay"],
+            **{option: group[option] for option in self._group_options},
         )
