@@ -17,7 +17,35 @@ import dataclasses
 import weakref
 from typing import Any
 
-__all__ = ["RUNTIME", "Runtime"]
+__all__ = ["RUNTIME", "Runtime", "WeakIdentityMap"]
+
+
+class WeakIdentityMap:
+    """A mapping keyed by object identity that forgets a key when the key dies.
+
+    ``weakref.WeakKeyDictionary`` compares keys with ``==``, which for tensors is
+    elementwise; this map compares with ``is``.
+    """
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        ident = id(key)
+
+        def forget(_: weakref.ref, items: dict = self._items) -> None:
+            entry = items.get(ident)
+            if entry is not None and entry[0]() is None:
+                del items[ident]
+
+        self._items[ident] = (weakref.ref(key, forget), value)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        entry = self._items.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
+
+    def __len__(self) -> int:
+        return sum(1 for ref, _ in self._items.values() if ref() is not None)
 
 
 @dataclasses.dataclass
@@ -41,8 +69,7 @@ class Runtime:
     executors: list = dataclasses.field(default_factory=list)    # DataExecutor loops
     # ---- model wrapping (cerebrax.models) --------------------------------------------
     # an original parameter object (a torch nn.Parameter) -> its compiled Parameter
-    parameter_aliases: weakref.WeakKeyDictionary = dataclasses.field(
-        default_factory=weakref.WeakKeyDictionary)
+    parameter_aliases: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
     # ---- mixed precision (cerebrax._precision) ---------------------------------------
     half_dtype: str | None = None         # set_half_dtype's choice; None: float16
     # ---- data streaming (cerebrax.data) ----------------------------------------------

@@ -81,10 +81,7 @@ def resolve_parameter(obj: Any) -> _state.Parameter | None:
     """
     if isinstance(obj, _state.Parameter):
         return obj
-    try:
-        p = RUNTIME.parameter_aliases.get(obj)
-    except TypeError:  # not weakly referable, so never an alias
-        return None
+    p = RUNTIME.parameter_aliases.get(obj)
     if p is not None and isinstance(getattr(obj, "requires_grad", None), bool):
         p.requires_grad = obj.requires_grad
     return p

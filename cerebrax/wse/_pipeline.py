@@ -406,9 +406,12 @@ class _Flat:
         self.slots = []
         self.sizes: dict[str, int] = {}
         for s in structs:
-            dtype = np.dtype(s.dtype)
             if jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key):
-                raise ConfigError("A PRNG key array cannot cross a pipeline stage boundary.")
+                raise ConfigError(
+                    "A PRNG key array cannot cross a pipeline stage boundary. Fix: let each "
+                    "layer that needs randomness take `key` (it receives its own), instead "
+                    "of passing a key from one layer to the next.")
+            dtype = np.dtype(s.dtype)
             size = math.prod(s.shape)
             start = self.sizes.get(dtype.name, 0)
             self.slots.append((dtype.name, start, size, tuple(s.shape)))
