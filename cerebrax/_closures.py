@@ -38,6 +38,8 @@ from typing import Any, Protocol
 import jax
 
 from . import _state
+from ._filters import is_torch_tensor
+from ._interop import as_jax, to_torch
 from ._placement import to_host
 from ._runtime import RUNTIME
 from .errors import StateError
@@ -100,6 +102,15 @@ class ClosureCall:
     treedef: Any = None
     statics: list | None = None  # non-array leaves; None where an array goes
     slots: list | None = None    # positions of this call's arrays in the closure outputs
+    torch_dtypes: list | None = None  # per array: its torch dtype if it was a torch tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class _AsTorch:
+    """A closure argument that was a torch tensor in the step: it arrives as one."""
+
+    array: Any
+    dtype: Any
 
 
 # ---- recording ------------------------------------------------------------------------
@@ -134,12 +145,16 @@ def split_arguments(calls: list[ClosureCall], unroute: Callable[[Any], Any]) -> 
     """
     arrays: list = []
     for call in calls:
-        leaves, call.treedef = jax.tree.flatten(unroute(call.arguments))
-        call.statics, call.slots = [], []
+        leaves, call.treedef = jax.tree.flatten(unroute(call.arguments),
+                                                is_leaf=is_torch_tensor)
+        call.statics, call.slots, call.torch_dtypes = [], [], []
         for leaf in leaves:
+            torch_dtype = leaf.dtype if is_torch_tensor(leaf) else None
+            leaf = as_jax(leaf)
             if isinstance(leaf, jax.Array):
                 call.slots.append(len(arrays))
                 call.statics.append(None)
+                call.torch_dtypes.append(torch_dtype)
                 arrays.append(leaf)
             else:
                 call.statics.append(leaf)
@@ -159,8 +174,9 @@ def after_dispatch(calls: list[ClosureCall], closure_arrays: list, outputs: list
     RUNTIME.last_outputs = outputs
     executor = current_executor()
     for call in calls:
-        it = iter(call.slots)
-        leaves = [closure_arrays[next(it)] if s is None else s for s in call.statics]
+        it = iter(zip(call.slots, call.torch_dtypes))
+        leaves = [_argument(closure_arrays, *next(it)) if s is None else s
+                  for s in call.statics]
         args, kwargs = jax.tree.unflatten(call.treedef, leaves)
         if executor is None:
             if call.kind == "checkpoint":
@@ -217,11 +233,25 @@ def running_step() -> int | None:
     return None if entry is None else entry.step
 
 
+def _argument(arrays: list, slot: int, torch_dtype: Any) -> Any:
+    array = arrays[slot]
+    return array if torch_dtype is None else _AsTorch(array, torch_dtype)
+
+
+def _materialize(tree: Any) -> Any:
+    """``tree`` on the host: numpy arrays, and torch tensors where the step had them."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: isinstance(x, _AsTorch))
+    dtypes = [x.dtype if isinstance(x, _AsTorch) else None for x in leaves]
+    host = to_host([x.array if isinstance(x, _AsTorch) else x for x in leaves])
+    host = [x if d is None else to_torch(x, d) for x, d in zip(host, dtypes)]
+    return jax.tree.unflatten(treedef, host)
+
+
 def _run(entry: _Entry) -> None:
     if entry.kind == "summary" and current_executor() is None:
         return  # summaries go to the executor's writer: none here, fetch nothing
     # Host sync point: materializing the arguments waits for their step.
-    args, kwargs = to_host((entry.args, entry.kwargs))
+    args, kwargs = _materialize((entry.args, entry.kwargs))
     RUNTIME.running_closure = entry
     try:
         entry.fn(*args, **kwargs)

@@ -17,6 +17,7 @@ tensor per batch, so batches are never written again.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import jax
@@ -25,7 +26,7 @@ import numpy as np
 
 from ._filters import is_torch_tensor
 
-__all__ = ["to_numpy", "to_torch", "torch_to_jax"]
+__all__ = ["as_jax", "to_numpy", "to_torch", "torch_to_jax"]
 
 
 @functools.cache
@@ -47,6 +48,22 @@ def _can_share(t: Any) -> bool:
             and t.dtype in _dlpack_dtypes(bool(jax.config.jax_enable_x64)))
 
 
+def as_jax(tree: Any) -> Any:
+    """``tree`` with the torch tensors of a compiled step (``JaxTensor``) as JAX arrays.
+
+    Inside a traced step torch code works on ``torch_bridge.JaxTensor`` values; cerebrax's
+    own objects (optimizers, metrics, schedulers, the grad scaler) compute with JAX.
+    """
+    if "torch" not in sys.modules:
+        return tree
+    return jax.tree.map(lambda x: x.__jax_array__() if _is_step_tensor(x) else x, tree,
+                        is_leaf=is_torch_tensor)
+
+
+def _is_step_tensor(x: Any) -> bool:
+    return is_torch_tensor(x) and hasattr(x, "__jax_array__")
+
+
 def torch_to_jax(t: Any, device: jax.Device | None = None) -> jax.Array:
     """A JAX array with the contents of a torch tensor (bfloat16 included).
 
@@ -59,6 +76,8 @@ def torch_to_jax(t: Any, device: jax.Device | None = None) -> jax.Array:
       device: where the array should live; None leaves a shared array where its memory
         is (the host for CPU tensors) and puts a copied one on JAX's default device.
     """
+    if hasattr(t, "__jax_array__"):  # a torch tensor of a compiled step: its JAX value
+        return t.__jax_array__()
     t = t.detach()
     if _can_share(t):
         try:

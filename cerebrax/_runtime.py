@@ -44,8 +44,13 @@ class WeakIdentityMap:
         entry = self._items.get(id(key))
         return entry[1] if entry is not None and entry[0]() is key else default
 
+    def items(self) -> list[tuple[Any, Any]]:
+        """The live ``(key, value)`` pairs."""
+        pairs = [(ref(), value) for ref, value in list(self._items.values())]
+        return [(key, value) for key, value in pairs if key is not None]
+
     def __len__(self) -> int:
-        return sum(1 for ref, _ in self._items.values() if ref() is not None)
+        return len(self.items())
 
 
 @dataclasses.dataclass

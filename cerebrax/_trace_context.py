@@ -13,15 +13,21 @@ output.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import greenlet
 import jax
 import jax.numpy as jnp
 
 from . import _closures, _state
+from ._filters import is_torch_tensor
+from ._interop import as_jax, torch_to_jax
+from ._runtime import RUNTIME
 from .errors import StateError
 
 if TYPE_CHECKING:
@@ -99,6 +105,10 @@ class TraceContext:
         self.condition: jax.Array | None = None
         self.scalers_stepped: set = set()
         self.scratch: dict = {}  # per-step bookkeeping of grad scalers and optimizers
+        # Torch-native steps (see run): the step's code runs in this greenlet, and the
+        # original torch parameters whose .grad holds a gradient after backward.
+        self.worker: greenlet.greenlet | None = None
+        self.torch_grads: dict[_state.Parameter, Any] = {}
 
     # ---- state -----------------------------------------------------------------
     def read(self, ref: _state.StateRef) -> Any:
@@ -164,11 +174,17 @@ class TraceContext:
                 f"{p.name!r} is not differentiated in this step: only parameters held by "
                 "an optimizer (with requires_grad=True) get gradients."
             )
+        original = self.torch_grads.get(p)
+        if original is not None:  # torch code may have changed or replaced original.grad
+            self.grads[p] = _torch_grad_value(original, self.grads[p])
         return self.grads[p]
 
     def set_grad(self, p: _state.Parameter, g: Any) -> None:
         self.grad(p)
         self.grads[p] = g
+        original = self.torch_grads.get(p)
+        if original is not None:
+            _set_torch_grad(original, g)
 
     @property
     def after_backward(self) -> bool:
@@ -224,22 +240,42 @@ class TraceContext:
 
     # ---- the program ---------------------------------------------------------------
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        """Runs the step's code; returns its outputs (see the module docstring).
+
+        The code runs in a greenlet. A JAX-facing step runs to its end inside the
+        differentiated pass, and its gradient-consuming calls are replayed after it. A
+        torch-native step (``loss.backward()`` on a torch tensor) is suspended at its
+        backward: the forward pass ends there, the gradients are computed, the torch
+        tensors made so far get their values outside the differentiated pass, the
+        original torch parameters get their ``.grad``, and the code resumes, so torch
+        code after the backward (clipping, ``p.grad.mul_``) computes on real gradients.
+        """
         diff_refs = self.step._diff_refs
         primals = [self.values[p] for p in diff_refs]
+        self.worker = greenlet.greenlet(lambda: _Finished(fn(*args, **kwargs)))
+        created: list = []  # weak references to torch tensors made in the forward pass
 
         def forward(primals):
             self.diff = dict(zip(diff_refs, primals))
-            out_routed = self.route(fn(*args, **kwargs))
+            with _recording_torch_tensors(created):
+                result = self.worker.switch()
+            finished = isinstance(result, _Finished)
+            out_routed = self.route(result.value) if finished else None
+            tensors = [t for t in (ref() for ref in created) if t is not None]
             written = list(self.written)
             loss = self.loss if self.loss is not None else jnp.zeros((), jnp.float32)
             self.phase = "after_forward"
             self.diff = {}
-            return loss, (self.aux, [self.values[r] for r in written], out_routed, written)
+            return loss, (self.aux, [self.values[r] for r in written],
+                          [t.__jax_array__() for t in tensors]), (out_routed, written, tensors)
 
-        loss_out, vjp_fn, aux = _vjp_with_static_aux(forward, primals)
-        self.aux_out, written_values, out_routed, written = aux
+        loss_out, vjp_fn, aux, static = _vjp_with_static_aux(forward, primals)
+        self.aux_out, written_values, tensor_values = aux
+        out_routed, written, tensors = static
         for ref, value in zip(written, written_values):
             self.values[ref] = value
+        for tensor, value in zip(tensors, tensor_values):
+            tensor._jax = value  # the value outside the differentiated pass
         self.phase = "replay"
         if self.loss is not None:
             (grads,) = vjp_fn(jnp.ones_like(loss_out))
@@ -247,20 +283,99 @@ class TraceContext:
         for call, routed, result in self.deferred:
             cargs, ckwargs = self.unroute(routed)
             result.resolve(call(*cargs, **ckwargs))
-        return self.unroute(out_routed)
+        if out_routed is not None:
+            return self.unroute(out_routed)
+        with self._torch_parameter_grads():
+            result = self.worker.switch()  # the torch code after loss.backward()
+        return result.value
+
+    def backward_now(self, loss: Any) -> None:
+        """A torch-native backward: marks ``loss`` and suspends the step's code."""
+        self.mark_loss(loss)
+        if greenlet.getcurrent() is not self.worker:
+            raise StateError(
+                "loss.backward() was called outside the traced step's own code (in a "
+                "thread or greenlet of its own). Call it in the step function.")
+        self.worker.parent.switch(_SUSPENDED)
+
+    @contextlib.contextmanager
+    def _torch_parameter_grads(self) -> Iterator[None]:
+        """The original torch parameters hold their gradients while the block runs."""
+        from torch_bridge import JaxTensor
+
+        saved, made = [], {}
+        for original, p in RUNTIME.parameter_aliases.items():
+            if self.grads is not None and p in self.grads:
+                saved.append((original, original.grad))
+                if p not in made:  # tied originals share one gradient tensor
+                    made[p] = JaxTensor(self.grads[p], original.dtype)
+                original.grad = made[p]
+                self.torch_grads.setdefault(p, original)
+        try:
+            yield
+        finally:
+            for original, previous in saved:
+                original.grad = previous  # no tensor of the trace leaks out of the step
+            self.torch_grads = {}
+
+
+_SUSPENDED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finished:
+    """What the step's greenlet returns when the step's code has run to its end."""
+
+    value: Any
+
+
+@contextlib.contextmanager
+def _recording_torch_tensors(created: list) -> Iterator[None]:
+    """Lists the torch tensors of the step made while the block runs (if torch is used)."""
+    if "torch_bridge" not in sys.modules:
+        yield
+        return
+    from torch_bridge import on_backward, recording
+
+    with recording() as made, on_backward(backward):
+        try:
+            yield
+        finally:
+            created.extend(made)
+
+
+def _torch_grad_value(original: Any, current: Any) -> Any:
+    """The gradient a torch parameter's ``.grad`` holds now (zeros if set to None)."""
+    grad = original.grad
+    if grad is None:
+        return jnp.zeros_like(current)
+    return torch_to_jax(grad).astype(current.dtype)
+
+
+def _set_torch_grad(original: Any, value: Any) -> None:
+    from torch_bridge import JaxTensor
+
+    grad = original.grad
+    if isinstance(grad, JaxTensor):
+        grad._jax = value
+    else:
+        original.grad = JaxTensor(value, original.dtype)
 
 
 def _vjp_with_static_aux(forward: Callable, primals: list):
-    """``jax.vjp(..., has_aux=True)`` where part of the auxiliary output is Python data."""
+    """``jax.vjp(..., has_aux=True)`` where part of the auxiliary output is Python data.
+
+    ``forward(primals) -> (loss, aux, static)``; returns ``(loss, vjp_fn, aux, static)``.
+    """
     static: list = []
 
     def wrapped(primals):
-        loss, (aux, written_values, out_routed, written) = forward(primals)
-        static.extend([out_routed, written])
-        return loss, (aux, written_values)
+        loss, aux, python_data = forward(primals)
+        static.append(python_data)
+        return loss, aux
 
-    loss, vjp_fn, (aux, written_values) = jax.vjp(wrapped, primals, has_aux=True)
-    return loss, vjp_fn, (aux, written_values, static[0], static[1])
+    loss, vjp_fn, aux = jax.vjp(wrapped, primals, has_aux=True)
+    return loss, vjp_fn, aux, static[0]
 
 
 def backward(loss: Any) -> None:
@@ -277,7 +392,10 @@ def backward(loss: Any) -> None:
             "cstorch.backward(loss) must be called inside a step decorated with "
             "@cstorch.trace: gradients are computed as part of the compiled step."
         )
-    ctx.mark_loss(loss)
+    if is_torch_tensor(loss):  # loss.backward() in torch code: the torch-native step
+        ctx.backward_now(as_jax(loss))
+    else:
+        ctx.mark_loss(loss)
 
 
 def deferrable(what: str):
@@ -291,6 +409,7 @@ def deferrable(what: str):
         @functools.wraps(method)
         def wrapper(self, *args: Any, **kwargs: Any):
             ctx = _state.active_context()
+            args, kwargs = as_jax((args, kwargs))
             if ctx is not None and ctx.after_backward:
                 return ctx.defer(functools.partial(method, self), args, kwargs, what)
             return method(self, *args, **kwargs)
@@ -307,6 +426,7 @@ def deferrable_function(what: str):
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any):
             ctx = _state.active_context()
+            args, kwargs = as_jax((args, kwargs))
             if ctx is not None and ctx.after_backward:
                 return ctx.defer(fn, args, kwargs, what)
             return fn(*args, **kwargs)

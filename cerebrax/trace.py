@@ -30,7 +30,7 @@ import jax
 
 from . import _closures, _state, wse
 from ._filters import is_array, is_torch_tensor
-from ._interop import torch_to_jax
+from ._interop import as_jax, torch_to_jax
 from ._placement import put_many
 from ._trace_context import DeferredValue, TraceContext, backward
 from .backend import Backend, get_or_create_backend
@@ -104,19 +104,23 @@ class TracedStep:
         # torch tensors are leaves, not pytrees (only checked once torch is imported).
         is_leaf = is_torch_tensor if "torch" in sys.modules else None
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_leaf)
-        dynamic, statics = [], []
+        dynamic, statics, torch_dtypes = [], [], []
         for leaf in leaves:
+            torch_dtype = None
             if is_leaf is not None and is_torch_tensor(leaf):
+                torch_dtype = leaf.dtype  # the step sees this input as a torch tensor
                 leaf = torch_to_jax(leaf)
             if is_array(leaf):
                 dynamic.append(leaf)
                 statics.append(None)
+                torch_dtypes.append(torch_dtype)
             else:
                 statics.append(leaf)
         key = (
             treedef,
             tuple(statics),
             tuple((x.shape, x.dtype) for x in dynamic),
+            tuple(torch_dtypes),
         )
         return key, dynamic, leaves, treedef
 
@@ -133,8 +137,8 @@ class TracedStep:
         return name + jax.tree_util.keystr(tuple(tail))
 
     def _recompile_error(self, args: tuple, kwargs: dict, new_key: tuple) -> RecompileError:
-        old_def, old_statics, old_shapes = self._key
-        new_def, new_statics, new_shapes = new_key
+        old_def, old_statics, old_shapes, _ = self._key
+        new_def, new_statics, new_shapes, _ = new_key
         name = self.__name__
         if old_def != new_def:
             return RecompileError(
@@ -175,9 +179,10 @@ class TracedStep:
         self._refs = _state.live_refs()
         self._diff_refs = _state.optimized_parameters()
         statics = list(key[1])
+        as_torch = _torch_inputs(key[3], self._refs)
 
         def program(state_values: list, dynamic: list):
-            it = iter(dynamic)
+            it = iter(as_torch(dynamic))
             leaves = [next(it) if s is None else s for s in statics]
             args, kwargs = jax.tree.unflatten(treedef, leaves)
             ctx = TraceContext(self, self._refs, state_values)
@@ -221,6 +226,7 @@ class TracedStep:
         self.num_compiles += 1
 
     def _finish(self, ctx: TraceContext, old_values: list, out: Any):
+        out = as_jax(out)  # torch tensors of the step leave it as JAX arrays
         new_values = []
         for ref, old in zip(self._refs, old_values):
             new = ctx.values[ref]
@@ -339,6 +345,23 @@ def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seco
         f.write("\n".join(lines) + "\n")
     what = what or f"`{name}`"
     print(f"[cerebrax] compiled {what} in {seconds:.2f} s; artifacts in {directory}")
+
+
+def _torch_inputs(torch_dtypes: tuple, refs: list) -> Callable[[list], list]:
+    """How the step sees its array inputs: as torch tensors in a torch-native step.
+
+    A step is torch-native when torch tensors come in or a compiled model is a torch
+    module; then every array input is a ``torch_bridge.JaxTensor`` (a torch tensor that
+    holds the program's value; integers as ``torch.int64``, as torch code expects),
+    with the torch dtype it came in with where it was a torch tensor.
+    """
+    models = {id(r.owner): r.owner for r in refs if getattr(r, "owner", None) is not None}
+    if all(d is None for d in torch_dtypes) and not any(
+            getattr(m, "is_torch", False) for m in models.values()):
+        return lambda dynamic: dynamic
+    from torch_bridge import JaxTensor
+
+    return lambda dynamic: [JaxTensor(x, d) for x, d in zip(dynamic, torch_dtypes)]
 
 
 def _match_dtype(new: Any, old: Any) -> Any:

@@ -22,6 +22,8 @@ PACKAGES = ("cerebrax", "torch_bridge")
 LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.errors", "cerebrax._version"),
     ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement"),
+    ("torch_bridge.ops",),
+    ("torch_bridge",),
     ("cerebrax._interop",),
     ("cerebrax._state",),
     ("cerebrax._closures",),
@@ -29,8 +31,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.wse",),
     ("cerebrax.backend",),
     ("cerebrax._precision",),
-    ("torch_bridge.ops",),
-    ("torch_bridge",),
     ("cerebrax.models",),
     ("cerebrax.trace", "cerebrax.schedules", "cerebrax.metrics", "cerebrax.ckpt"),
     ("cerebrax.optim.transforms",),

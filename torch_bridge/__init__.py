@@ -10,5 +10,8 @@ from ._convert import Converted as Converted
 from ._convert import convert as convert
 from .ops._dtypes import to_jax as to_jax
 from ._program import Program as Program
+from ._tensor import JaxTensor as JaxTensor
+from ._tensor import on_backward as on_backward
+from ._tensor import recording as recording
 from .ops import lowered_ops as lowered_ops
 from .ops import lowering as lowering

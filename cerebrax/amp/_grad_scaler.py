@@ -17,6 +17,8 @@ import jax.numpy as jnp
 
 from .. import _state
 from ..errors import ConfigError, StateError
+from .._filters import is_torch_tensor
+from .._interop import as_jax
 from .._trace_context import backward, deferrable
 from ..backend import current_backend
 
@@ -137,12 +139,21 @@ class GradScaler:
         return self._state.value["loss_scale"]
 
     # ---- the step API ---------------------------------------------------------------
-    def scale(self, loss: Any) -> ScaledLoss:
-        """``loss * scale`` in float32 (the loss itself when scaling is inactive)."""
-        loss = jnp.asarray(loss)
-        if not self._active():
-            return ScaledLoss(loss)
-        return ScaledLoss(loss.astype(jnp.float32) * self.get_scale())
+    def scale(self, loss: Any) -> Any:
+        """``loss * scale`` in float32 (the loss itself when scaling is inactive).
+
+        A torch loss (in a torch-native step) gives a torch tensor, whose
+        ``.backward()`` is torch's; a JAX loss gives a :class:`ScaledLoss`.
+        """
+        torch_loss = is_torch_tensor(loss)
+        loss = jnp.asarray(as_jax(loss))
+        if self._active():
+            loss = loss.astype(jnp.float32) * self.get_scale()
+        if torch_loss:
+            from torch_bridge import JaxTensor
+
+            return JaxTensor(loss)
+        return ScaledLoss(loss)
 
     @deferrable("GradScaler.unscale_()")
     def unscale_(self, optimizer: Any) -> None:

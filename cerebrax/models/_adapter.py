@@ -27,6 +27,8 @@ class ModelAdapter(abc.ABC):
     """
 
     needs_key: bool = False
+    # Whether the model is torch code: in a traced step its outputs are torch tensors.
+    is_torch: bool = False
 
     @abc.abstractmethod
     def params(self) -> dict[str, Any]: ...

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _state, wse
 from .._filters import is_torch_module, is_torch_tensor
-from .._interop import to_numpy, torch_to_jax
+from .._interop import as_jax, to_numpy, torch_to_jax
 from .._precision import cast_floating, compute_dtype
 from .._runtime import RUNTIME
 from ..backend import Backend, get_or_create_backend
@@ -223,11 +223,22 @@ class CompiledModel:
         out, new_buffers = self._forward(
             {n: p.value for n, p in self._params.items()},
             {n: b.value for n, b in self._buffers.items()},
-            key, args, kwargs, self.training,
+            key, *as_jax((args, kwargs)), self.training,
         )
         for name, value in new_buffers.items():
             self._buffers[name].value = value
-        return out
+        return self._as_torch(out) if self.is_torch else out
+
+    @property
+    def is_torch(self) -> bool:
+        """Whether the model is a torch module (a traced step then sees torch tensors)."""
+        return self._adapter.is_torch
+
+    @staticmethod
+    def _as_torch(out: Any) -> Any:
+        from torch_bridge import JaxTensor
+
+        return jax.tree.map(lambda x: JaxTensor(x) if isinstance(x, jax.Array) else x, out)
 
     def _forward(self, params, buffers, key, args, kwargs, train):
         dtype = compute_dtype(self.backend)

@@ -70,6 +70,8 @@ class TorchModelAdapter(ModelAdapter):
       (torch state-dict hooks, see :mod:`cerebrax.models._torch_hooks`).
     """
 
+    is_torch = True
+
     def __init__(self, module: torch.nn.Module, *, needs_key: bool | None = None):
         self.module = module
         self.converted = Converted(module, train=module.training)

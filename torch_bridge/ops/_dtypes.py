@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-__all__ = ["export_dtype", "jax_dtype", "to_jax"]
+__all__ = ["export_dtype", "jax_dtype", "to_jax", "torch_dtype"]
 
 _TORCH_TO_NUMPY: dict[torch.dtype, Any] = {
     torch.bool: np.bool_,
@@ -46,6 +46,15 @@ def jax_dtype(dtype: torch.dtype | None) -> Any:
     return jax.dtypes.canonicalize_dtype(np_dtype)
 
 
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of a JAX (numpy) dtype, e.g. ``int32`` -> ``torch.int32``."""
+    dtype = np.dtype(dtype)
+    for t, n in _TORCH_TO_NUMPY.items():
+        if np.dtype(n) == dtype:
+            return t
+    raise TypeError(f"torch_bridge has no torch dtype for JAX dtype {dtype}.")
+
+
 def export_dtype(dtype: Any) -> torch.dtype:
     """The torch dtype to export with for an input of JAX dtype ``dtype``.
 
@@ -65,6 +74,8 @@ def export_dtype(dtype: Any) -> torch.dtype:
 
 def to_jax(x: Any) -> jax.Array:
     """A JAX array from a torch tensor, numpy array or JAX array (tracers pass through)."""
+    if isinstance(x, torch.Tensor) and hasattr(x, "__jax_array__"):
+        return x.__jax_array__()  # a torch tensor of a compiled step (JaxTensor)
     if isinstance(x, torch.Tensor):
         t = x.detach().cpu()
         if t.dtype == torch.bfloat16:

@@ -1,0 +1,281 @@
+"""``JaxTensor``: a torch tensor whose value is a JAX array, for torch code on JAX values.
+
+Inside a cerebrax traced step, torch code runs on the step's values: a loss module on
+the model's outputs, ``outputs.argmax(-1).int()``, ``torch.nn.utils.clip_grad_norm_``
+on the gradients. Those values are :class:`JaxTensor` objects: torch tensors (a wrapper
+subclass with torch's shape and dtype and no storage) that hold a JAX array, usually a
+tracer of the step's program. Every ATen op torch runs on them reaches
+:func:`JaxTensor.__torch_dispatch__` and is lowered through the same op registry as
+``torch_bridge.convert`` (:mod:`torch_bridge.ops`), so the torch code lands in the same
+single ``jax.jit`` program:
+
+- torch's own meta kernels give each result's shape and dtype (torch's semantics:
+  ``argmax`` is ``int64``), the lowering gives its value; 64-bit torch dtypes hold
+  32-bit JAX values unless ``jax_enable_x64`` is on;
+- an op without a lowering runs its torch decomposition (into ops that have one);
+- in-place ops (``mul_``, ``clamp_``, ``copy_``) compute the functional op and rebind
+  the tensor's value;
+- torch tensors that are not JaxTensors (a loss module's weight, ``torch.tensor(0.5)``)
+  enter the program as constants;
+- reading a value (``.item()``, ``float(t)``, ``if t > 0``) asks JAX for a concrete
+  value, which inside a traced step raises JAX's concretization error (cerebrax turns
+  it into ``TensorReadError``).
+
+:func:`recording` lists the JaxTensors created while it is active, so that a traced
+step can give tensors made before the backward pass their values after it;
+:func:`on_backward` installs what ``tensor.backward()`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch._decomp
+import torch.utils._pytree as pytree
+
+from cerebrax.errors import UnsupportedOpError
+
+from . import ops
+from .ops._dtypes import export_dtype, jax_dtype, to_jax
+
+__all__ = ["JaxTensor", "on_backward", "recording", "unwrap", "wrap"]
+
+aten = torch.ops.aten
+
+MSG_NO_BACKWARD = """\
+tensor.backward() on a value of a compiled step works inside a @cstorch.trace step:
+the gradients are computed as part of the compiled program. Call it there, e.g.
+
+    @cstorch.trace
+    def training_step(inputs, targets):
+        loss = loss_fn(compiled_model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss"""
+
+MSG_NO_LOWERING = """\
+torch code inside a traced step ran {op}, which torch_bridge cannot lower to JAX: it
+has no lowering and no torch decomposition.
+Register a lowering (it receives the op's arguments with every tensor as a JAX array):
+
+    import torch
+    from torch_bridge import lowering
+
+    @lowering(torch.ops.{name})
+    def my_lowering(*args, **kwargs):
+        ...  # JAX code; return a jax.Array, or a tuple if the op returns several"""
+
+# Ops that return a Python number: they read the value.
+_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
+# Ops that only relabel a value (their lowering would copy it or stop its gradient).
+_ALIASES = {aten.alias.default, aten.lift_fresh.default, aten.detach.default}
+
+_RECORDERS: list[list] = []
+_BACKWARD: list[Callable[..., None]] = []
+
+
+class JaxTensor(torch.Tensor):
+    """A torch tensor holding a JAX array (see the module docstring).
+
+    Args:
+      value: the JAX array (or tracer).
+      dtype: the torch dtype the tensor reports; by default the one torch code expects
+        for ``value``'s dtype (integers as ``torch.int64``, as an exported input). A
+        64-bit torch dtype may hold a 32-bit JAX value.
+    """
+
+    _jax: jax.Array
+
+    @staticmethod
+    def __new__(cls, value: jax.Array, dtype: torch.dtype | None = None) -> JaxTensor:
+        dtype = export_dtype(value.dtype) if dtype is None else dtype
+        return torch.Tensor._make_wrapper_subclass(
+            cls, tuple(int(d) for d in value.shape), dtype=dtype, device="cpu",
+            requires_grad=False)
+
+    def __init__(self, value: jax.Array, dtype: torch.dtype | None = None):
+        super().__init__()
+        self._jax = value
+        for recorder in _RECORDERS:
+            recorder.append(weakref.ref(self))
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __jax_array__(self) -> jax.Array:
+        return self._jax
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        kind = "traced" if isinstance(self._jax, jax.core.Tracer) else "value"
+        return f"JaxTensor({kind}, shape={tuple(self.shape)}, dtype={self.dtype})"
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        raise TypeError("A JaxTensor lives inside a compiled step and cannot be pickled; "
+                        "pass it to a step closure to get a plain torch tensor.")
+
+    def numpy(self, *, force: bool = False) -> Any:
+        import numpy as np
+
+        return np.asarray(self._jax)  # reads the value (an error on a tracer)
+
+    def backward(self, gradient: Any = None, retain_graph: Any = None,
+                 create_graph: bool = False, inputs: Any = None) -> None:
+        if gradient is not None or create_graph or inputs is not None:
+            raise UnsupportedOpError(
+                "tensor.backward() in a compiled step takes no gradient, create_graph or "
+                "inputs: it differentiates a scalar loss with respect to the optimizers' "
+                "parameters.")
+        if not _BACKWARD:
+            raise UnsupportedOpError(MSG_NO_BACKWARD)
+        _BACKWARD[-1](self)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        return dispatch(func, args, kwargs or {})
+
+
+def wrap(value: Any, dtype: torch.dtype | None = None) -> JaxTensor:
+    """A :class:`JaxTensor` holding ``value`` (a JAX array or tracer)."""
+    return JaxTensor(jnp.asarray(value), dtype)
+
+
+def unwrap(tree: Any) -> Any:
+    """``tree`` with every JaxTensor replaced by its JAX array."""
+    return pytree.tree_map(lambda x: x._jax if isinstance(x, JaxTensor) else x, tree)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Lists (weak references to) the JaxTensors created while the block runs."""
+    created: list = []
+    _RECORDERS.append(created)
+    try:
+        yield created
+    finally:
+        _RECORDERS.remove(created)
+
+
+@contextlib.contextmanager
+def on_backward(handler: Callable[[JaxTensor], None]) -> Iterator[None]:
+    """``tensor.backward()`` calls ``handler(tensor)`` while the block runs."""
+    _BACKWARD.append(handler)
+    try:
+        yield
+    finally:
+        _BACKWARD.remove(handler)
+
+
+# ---- dispatch ------------------------------------------------------------------------------
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Runs ATen op ``func`` on JaxTensor arguments (see the module docstring)."""
+    if func in _READS:
+        return _read(func, args, kwargs)
+    if func in _ALIASES:
+        return JaxTensor(args[0]._jax, args[0].dtype)
+    if func is aten.copy_.default:
+        return _copy_(*args, **kwargs)
+    if func._schema.is_mutable and func._schema.name.endswith("_"):
+        return _in_place(func, args, kwargs)
+    entry = ops.lookup(func)
+    if entry is None or entry.random:
+        return _decompose(func, args, kwargs)
+    meta_args, meta_kwargs = _to_meta((args, kwargs))
+    meta = func(*meta_args, **meta_kwargs)  # torch's shapes and dtypes of the results
+    jax_args, jax_kwargs = _to_jax((args, kwargs))
+    return _wrap_like(entry.fn(*jax_args, **jax_kwargs), meta, func)
+
+
+def _read(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``.item()``, ``bool(t)``, ``torch.equal``: the concrete value (JAX raises on a tracer)."""
+    values = _to_jax(args)
+    if func is aten.equal.default:
+        a, b = values
+        return bool(a.shape == b.shape and jnp.all(a == b))
+    value = values[0]
+    if func is aten.is_nonzero.default:
+        return bool(value)
+    return value.item()
+
+
+def _copy_(self: JaxTensor, src: Any, non_blocking: bool = False) -> JaxTensor:
+    value = jnp.asarray(_to_jax(src))
+    self._jax = jnp.broadcast_to(value, tuple(self.shape)).astype(jax_dtype(self.dtype))
+    return self
+
+
+def _in_place(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``x.op_(...)``: the functional ``op``, then ``x`` holds its result."""
+    packet = getattr(aten, func._schema.name.split("::")[-1][:-1], None)
+    overload = getattr(packet, func._overloadname, None) if packet is not None else None
+    if overload is None:
+        return _decompose(func, args, kwargs)
+    result = overload(*args, **kwargs)
+    target = args[0]
+    if not isinstance(target, JaxTensor):
+        raise UnsupportedOpError(
+            f"{func} writes into a torch tensor that is not part of the compiled step "
+            f"({type(target).__name__} of shape {tuple(target.shape)}). Compute a new "
+            "tensor instead of writing in place.")
+    value = result._jax if isinstance(result, JaxTensor) else jnp.asarray(result)
+    target._jax = jnp.broadcast_to(value, tuple(target.shape)).astype(jax_dtype(target.dtype))
+    return target
+
+
+def _decompose(func: Any, args: tuple, kwargs: dict) -> Any:
+    table = torch._decomp.decomposition_table
+    if func in table:
+        return table[func](*args, **kwargs)
+    out = func.decompose(*args, **kwargs)
+    if out is not NotImplemented:
+        return out
+    name = str(func).removeprefix("aten.")
+    raise UnsupportedOpError(MSG_NO_LOWERING.format(op=func, name=f"aten.{name}"))
+
+
+def _to_meta(tree: Any) -> Any:
+    def meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+        return x
+
+    return pytree.tree_map(meta, tree)
+
+
+def _to_jax(tree: Any) -> Any:
+    def value(x: Any) -> Any:
+        if isinstance(x, JaxTensor):
+            return x._jax
+        if isinstance(x, torch.Tensor):  # a plain torch tensor: a constant of the program
+            return to_jax(x)
+        return x
+
+    return pytree.tree_map(value, tree)
+
+
+def _wrap_like(out: Any, meta: Any, func: Any) -> Any:
+    """The lowering's result as JaxTensors with torch's dtypes and checked shapes."""
+    if isinstance(meta, torch.Tensor):
+        return JaxTensor(_conform(out, meta, func), meta.dtype)
+    if isinstance(meta, (tuple, list)):
+        return type(meta)(_wrap_like(o, m, func) for o, m in zip(out, meta))
+    return out
+
+
+def _conform(value: Any, meta: torch.Tensor, func: Any) -> jax.Array:
+    target = jax_dtype(meta.dtype)
+    value = jnp.asarray(value)
+    if value.dtype != target and not (jnp.issubdtype(value.dtype, jnp.floating)
+                                      and jnp.issubdtype(target, jnp.floating)):
+        value = value.astype(target)
+    if tuple(value.shape) != tuple(meta.shape):
+        raise AssertionError(
+            f"torch_bridge: the lowering of {func} returned shape {tuple(value.shape)}, "
+            f"torch gives {tuple(meta.shape)}. This is a bug in the lowering.")
+    return value
