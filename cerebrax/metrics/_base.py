@@ -60,6 +60,11 @@ class Metric(abc.ABC):
     ``update(*batch, dtype=None)`` accumulates one batch; ``dtype`` (keyword only)
     casts the value that ``compute`` returns. ``compute`` before any update raises
     :class:`cerebrax.StateError` on every backend.
+
+    Args:
+      name: the metric's name (made unique).
+      compute_on_system: cstorch's flag; cerebrax computes every metric inside the
+        compiled step, which is ``True`` (``False`` is refused with the fix).
     """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -67,7 +72,14 @@ class Metric(abc.ABC):
         if "update" in cls.__dict__:
             cls.update = deferrable(f"{cls.__name__}.update()")(cls.__dict__["update"])
 
-    def __init__(self, name: str | None = None):
+    def __init__(self, name: str | None = None, compute_on_system: bool = True):
+        if compute_on_system is not True:
+            raise ConfigError(
+                f"{type(self).__name__}(compute_on_system={compute_on_system!r}): cerebrax "
+                "computes every metric inside the compiled step, as cstorch does with "
+                "compute_on_system=True (required in weight-streaming mode). Fix: drop the "
+                "argument, or compute the value on the host in a @cstorch.step_closure."
+            )
         if name is not None and not isinstance(name, str):
             raise ConfigError(
                 f"{type(self).__name__}: `name` must be a string or None, got {name!r}."

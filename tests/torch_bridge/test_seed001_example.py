@@ -2,10 +2,10 @@
 
 ``full_example`` below is the seed's skeleton as written, filled in with a small torch
 model and a torch DataLoader over synthetic data. Every line that differs from the seed
-is marked ``# CHANGE:``; the allowed changes are the loss module (converted with
-``torch_bridge.convert``), the real model and data, and the seed's values that need a
-real cluster (``mgmt_address``) or a long run. Two more are needed to run the seed at all
-(a typo, and the checkpoint cadence), each explained where it happens.
+is marked ``# CHANGE:``; the allowed changes are the loss module, the real model and
+data, and the seed's values that need a real cluster (``mgmt_address``) or a long run.
+Two more are needed to run the seed at all (a typo, and the checkpoint cadence), each
+explained where it happens.
 
 The tests then check what a user of the seed relies on: it trains, its step closure
 writes checkpoints, a checkpoint loads back into a FRESH torch module that then predicts
@@ -23,7 +23,6 @@ import pytest
 import torch
 
 import cerebrax as cstorch
-import torch_bridge
 from cerebrax.errors import StateError
 
 FEATURES, CLASSES, BATCH = 20, 4, 16
@@ -86,7 +85,7 @@ def full_example(checkpoint_path=None, num_steps=12, checkpoint_steps=1, seed=0)
     model: torch.nn.Module = Classifier()  # CHANGE: a real model
     compiled_model = cstorch.compile(model, backend="wse_ws")
 
-    loss_fn: torch.nn.Module = torch_bridge.convert(torch.nn.CrossEntropyLoss())  # CHANGE
+    loss_fn: torch.nn.Module = torch.nn.CrossEntropyLoss()  # CHANGE: for "..."
 
     optimizer: cstorch.optim.Optimizer = cstorch.optim.configure_optimizer(
         optimizer_type="AdamW",  # CHANGE: real values for "..."
