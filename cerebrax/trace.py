@@ -110,6 +110,8 @@ class TracedStep:
             if is_leaf is not None and is_torch_tensor(leaf):
                 torch_dtype = leaf.dtype  # the step sees this input as a torch tensor
                 leaf = torch_to_jax(leaf)
+                if torch_dtype == _torch_default(leaf.dtype):
+                    torch_dtype = None  # the same program as for a JAX array
             if is_array(leaf):
                 dynamic.append(leaf)
                 statics.append(None)
@@ -350,18 +352,25 @@ def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seco
 def _torch_inputs(torch_dtypes: tuple, refs: list) -> Callable[[list], list]:
     """How the step sees its array inputs: as torch tensors in a torch-native step.
 
-    A step is torch-native when torch tensors come in or a compiled model is a torch
-    module; then every array input is a ``torch_bridge.JaxTensor`` (a torch tensor that
-    holds the program's value; integers as ``torch.int64``, as torch code expects),
-    with the torch dtype it came in with where it was a torch tensor.
+    A step is torch-native when a compiled model is a torch module. Then every array
+    input is a ``torch_bridge.JaxTensor`` (a torch tensor that holds the program's
+    value): integers as ``torch.int64`` and floats as they are, as torch code expects,
+    or the torch dtype an input came in with where that differs (``torch_dtypes``).
+    A step of JAX models computes with JAX arrays, whatever the inputs were.
     """
     models = {id(r.owner): r.owner for r in refs if getattr(r, "owner", None) is not None}
-    if all(d is None for d in torch_dtypes) and not any(
-            getattr(m, "is_torch", False) for m in models.values()):
+    if not any(getattr(m, "is_torch", False) for m in models.values()):
         return lambda dynamic: dynamic
     from torch_bridge import JaxTensor
 
     return lambda dynamic: [JaxTensor(x, d) for x, d in zip(dynamic, torch_dtypes)]
+
+
+def _torch_default(dtype: Any) -> Any:
+    """The torch dtype a JAX input of ``dtype`` is seen as in a torch-native step."""
+    from torch_bridge import export_dtype
+
+    return export_dtype(dtype)
 
 
 def _match_dtype(new: Any, old: Any) -> Any:

@@ -8,6 +8,7 @@ itself depends only on cerebrax's bottom layer (``cerebrax.errors``, ``cerebrax.
 
 from ._convert import Converted as Converted
 from ._convert import convert as convert
+from .ops._dtypes import export_dtype as export_dtype
 from .ops._dtypes import to_jax as to_jax
 from ._program import Program as Program
 from ._tensor import JaxTensor as JaxTensor
