@@ -20,9 +20,9 @@ from hypothesis.extra import numpy as hnp
 
 from cerebrax.optim import transforms
 
+# Ten examples per factory (150 in all), as every example compiles its own update.
 # conftest's autouse fixture is per test, not per example; the updates are pure, so the
 # examples share nothing through it.
-# Ten examples per factory (150 in all): every example compiles its own update.
 PROPERTY = settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 SHAPES = {"w": (4, 3), "b": (3,), "s": ()}
@@ -103,5 +103,5 @@ def test_update_under_jit_equals_the_update_without(name, data):
     jitted = _run(jax.jit(chex.assert_max_traces(tx.update, n=1)), tx, params, grads)
     chex.assert_trees_all_equal_structs(jitted, eager)
     chex.assert_trees_all_equal_shapes_and_dtypes(jitted, eager)
-    # The parameters are at most 10 in size: 1e-5 is a few float32 ulps of them.
+    # Parameters and gradients are drawn from [-10, 10]: 1e-5 is ~10 float32 ulps there.
     chex.assert_trees_all_close(jitted, eager, rtol=1e-5, atol=1e-5)
