@@ -1,5 +1,9 @@
 """Shared fixtures: a fresh cerebrax process state per test, and a compile counter.
 
+Property tests (hypothesis) run under the "cerebrax" profile: no example database on
+disk, no deadline (the first example of a test pays for XLA compiles) and a fixed seed,
+so the suite is the same on every run; each test sets its own small ``max_examples``.
+
 Multi-device tests live in tests/multidevice/ and run in their own pytest process with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before JAX starts); without that
 flag they are not collected.
@@ -10,10 +14,15 @@ from __future__ import annotations
 import os
 import pathlib
 
+import chex
 import jax
 import pytest
+from hypothesis import settings
 
 import cerebrax as cstorch
+
+settings.register_profile("cerebrax", database=None, deadline=None, derandomize=True)
+settings.load_profile("cerebrax")
 
 EIGHT_DEVICES = "--xla_force_host_platform_device_count=8" in os.environ.get("XLA_FLAGS", "")
 
@@ -46,8 +55,10 @@ def compiles() -> CompileCounter:
 
 @pytest.fixture(autouse=True)
 def fresh_cerebrax(tmp_path, monkeypatch):
-    """Every test starts with no backend, no configuration and no registered state."""
+    """Every test starts with no backend, no configuration and no registered state,
+    and with chex's trace counter (``chex.assert_max_traces``) at zero."""
     monkeypatch.chdir(tmp_path)
     cstorch.reset()
+    chex.clear_trace_counter()
     yield
     cstorch.reset()

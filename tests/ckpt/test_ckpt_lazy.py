@@ -8,6 +8,7 @@ import pickle
 import threading
 from pathlib import Path
 
+import chex
 import h5py
 import jax
 import jax.numpy as jnp
@@ -136,8 +137,7 @@ def test_compiled_model_and_optimizer_load_lazy_state(tmp_path: Path) -> None:
     assert isinstance(state["model"]["w"], ckpt.LazyArray)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    for key, value in model.state_dict().items():
-        np.testing.assert_array_equal(value, saved_model[key])
+    chex.assert_trees_all_equal(model.state_dict(), saved_model)
     cstorch.reset()
 
 

@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 
+import chex
 import numpy as np
 import pytest
 import torch
@@ -100,8 +101,7 @@ def test_train_evaluate_compile_round_trip_matches_the_trace_loop(tmp_path, comp
     with open(os.path.join(directory, "estimator_train_step.memory.txt")) as f:
         assert "compile_seconds" in f.read()
     assert estimator.global_step == 0 and run.losses == []
-    for name, value in run.model.state_dict().items():
-        np.testing.assert_array_equal(value, weights[name])
+    chex.assert_trees_all_equal(run.model.state_dict(), weights)
     assert not any(name.endswith(".mdl") for name in os.listdir(model_dir))
 
     estimator.train(input_fn, steps=25)

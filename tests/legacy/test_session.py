@@ -126,7 +126,7 @@ def test_a_torch_optimizer_trains_like_its_cerebrax_equivalent():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     losses = []
-    with cbtorch.Session(model, optimizer, criterion, mode="train"):
+    with cbtorch.Session(model, optimizer, criterion, mode="train") as session:
         for inputs, targets in cbtorch.dataloader(get_train_dataloader()):
             optimizer.zero_grad()
             loss = criterion(model(inputs), targets)
@@ -136,6 +136,7 @@ def test_a_torch_optimizer_trains_like_its_cerebrax_equivalent():
             if len(losses) == 12:
                 break
     assert rel_err(losses, reference) <= 1e-6, (losses, reference)
+    assert session.num_compiles == 1
     state = model.compiled.state_dict()
     for name in ref_state:
         assert rel_err(state[name], ref_state[name]) <= 1e-6, name
@@ -291,13 +292,14 @@ def test_jax_model_that_returns_its_loss_trains_like_the_trace_loop():
             return [float(step(x, y)) for x, y in data]
         model = cbtorch.module(model)
         losses = []
-        with cbtorch.Session(model, optimizer, criterion=None):
+        with cbtorch.Session(model, optimizer, criterion=None) as session:
             for x, y in data:
                 optimizer.zero_grad()
                 loss = model(x, y)
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.item())
+        assert session.num_compiles == 1
         return losses
 
     expected = run(use_session=False)
@@ -319,6 +321,7 @@ def test_step_closures_run_after_the_step_with_values():
             optimizer.step()
             assert seen[-1] == loss.item()
     assert len(seen) == 2
+    assert session.num_compiles == 1
 
 
 def test_the_taken_over_methods_are_given_back():

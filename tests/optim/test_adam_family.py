@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,9 +95,7 @@ def test_state_dict_round_trip_is_the_identity(ours_cls, torch_name, kwargs):
     other.load_state_dict(saved)
     again = other.state_dict()
     assert sorted(again["state"]) == sorted(saved["state"])
-    for i, entry in saved["state"].items():
-        for key, value in entry.items():
-            np.testing.assert_array_equal(again["state"][i][key], value)
+    chex.assert_trees_all_equal(again["state"], saved["state"])
     assert again["param_groups"] == saved["param_groups"]
 
 
@@ -233,6 +232,7 @@ def test_factory_under_jit_matches_torch(factory, torch_name, kwargs):
     state = tx.init(params)
 
     @jax.jit
+    @chex.assert_max_traces(n=1)  # 20 updates, one trace: the state keeps its dtypes
     def update(params, state, grads):
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
@@ -242,8 +242,8 @@ def test_factory_under_jit_matches_torch(factory, torch_name, kwargs):
     for g in grads:
         params, state = update(params, state, g)
         torch_step(torch_optimizer, theirs, g)
-    for k, p in theirs.items():
-        np.testing.assert_allclose(params[k], p.detach().numpy(), rtol=TOLERANCE, atol=0)
+    chex.assert_trees_all_close(params, {k: p.detach().numpy() for k, p in theirs.items()},
+                                rtol=TOLERANCE, atol=0)
     assert state[2].count.dtype == jnp.int32
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import numpy as np
 import pytest
 import torch
@@ -37,10 +38,11 @@ def test_class_groups_and_state_carry_over(cls, kwargs):
         for key in ("lr", "weight_decay"):
             np.testing.assert_allclose(float(g_got[key]), g_want[key], rtol=1e-6)
     assert want["state"].keys() == got["state"].keys()
-    for index, entries in want["state"].items():
-        for key, value in entries.items():
-            np.testing.assert_allclose(np.asarray(got["state"][index][key]), value.numpy(),
-                                       rtol=1e-6, err_msg=f"{index}.{key}")
+    want_state = {i: {k: v.numpy() for k, v in entries.items()}
+                  for i, entries in want["state"].items()}
+    got_state = {i: {k: np.asarray(got["state"][i][k]) for k in entries}
+                 for i, entries in want_state.items()}
+    chex.assert_trees_all_close(got_state, want_state, rtol=1e-6)
 
 
 def test_optimizers_without_a_cerebrax_equivalent_are_refused():

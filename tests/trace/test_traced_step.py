@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,12 +26,15 @@ def _reference(tx: optax.GradientTransformation, data, steps: int = 20):
     """A hand-written jax.value_and_grad + optax loop: the reference for traced steps."""
 
     @jax.jit
+    @chex.assert_max_traces(n=1)
     def step(params, state, x, y):
         loss, grads = jax.value_and_grad(lambda p: xent(mlp_apply(p, x), y))(params)
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state, loss
 
-    params = mlp_params()
+    # mlp_params' biases are weakly typed (jnp.full of a Python float); the step returns
+    # them strongly typed, which would trace the step a second time.
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), mlp_params())
     state = tx.init(params)
     losses = []
     for x, y in data[:steps]:
@@ -59,14 +63,15 @@ def _train(make_optimizer, make_scheduler=None, steps: int = 20):
 
 
 def test_sgd_step_equals_hand_written_loop():
-    losses, params, _ = _train(lambda p: cstorch.optim.SGD(p, lr=0.1, momentum=0.9))
+    losses, params, step = _train(lambda p: cstorch.optim.SGD(p, lr=0.1, momentum=0.9))
     ref_losses, ref_params = _reference(cstorch.optim.transforms.sgd(0.1, momentum=0.9), batches())
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
     assert max_rel_tree(params, ref_params) <= 1e-6
+    assert step.num_compiles == 1  # one program for the 20 steps, like the jitted loop
 
 
 def test_adamw_with_linear_lr_equals_hand_written_loop():
-    losses, params, _ = _train(
+    losses, params, step = _train(
         lambda p: cstorch.optim.AdamW(p, lr=0.01, weight_decay=0.05),
         lambda opt: cstorch.optim.lr_scheduler.LinearLR(opt, 0.01, 0.001, total_iters=10),
     )
@@ -75,6 +80,7 @@ def test_adamw_with_linear_lr_equals_hand_written_loop():
     ref_losses, ref_params = _reference(tx, batches())
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
     assert max_rel_tree(params, ref_params) <= 1e-6
+    assert step.num_compiles == 1  # the scheduler steps inside the one program
 
 
 def test_second_call_compiles_nothing(compiles):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -51,8 +52,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
     assert state["global_step"] == 5
     rest = [float(step(x, y)) for x, y in data[5:]]
     assert first + rest == full  # bit for bit on the CPU
-    for k, v in model.state_dict().items():
-        np.testing.assert_array_equal(v, final[k])
+    chex.assert_trees_all_equal(model.state_dict(), final)
 
 
 def test_bfloat16_model_state_round_trips(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -122,9 +123,8 @@ def test_custom_optimizer_state_only_from_preinitialize():
     step = make_step(ours.model, optimizer)
     for g in grads:
         step(g)
-    for k in SHAPES:
-        want = init[k] - 0.1 * sum(np.sign(g[k]) for g in grads)
-        np.testing.assert_allclose(ours.model.state_dict()[k], want, rtol=1e-6)
+    want = {k: init[k] - 0.1 * sum(np.sign(g[k]) for g in grads) for k in SHAPES}
+    chex.assert_trees_all_close(ours.model.state_dict(), want, rtol=1e-6)
 
     class Leaky(Signum):
         def step(self, closure=None):

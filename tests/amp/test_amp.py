@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,11 +35,6 @@ def _snapshot(model, optimizer, scheduler):
             scheduler.state_dict(), optimizer.param_groups[0]["lr"])
 
 
-def _assert_same(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 def test_inf_gradient_skips_the_step_and_halves_the_scale():
     model, optimizer, scheduler, scaler, step = _setup(loss_scale="dynamic", init_scale=1024.0)
     data = batches(4)
@@ -48,7 +44,7 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale():
     assert scaler.state_dict()["loss_scale"] == 1024.0
     step(*data[2], jnp.float32(1))
     after = _snapshot(model, optimizer, scheduler)
-    _assert_same(before, after)  # params, optimizer state, schedule: unchanged
+    chex.assert_trees_all_equal(before, after)  # params, optimizer state, schedule: unchanged
     state = scaler.state_dict()
     assert state["loss_scale"] == 512.0
     assert state["num_skipped_steps"] == 1
@@ -97,8 +93,7 @@ def test_scaled_training_matches_unscaled_training():
         results.append((losses, model.state_dict()))
     for losses, state in results[1:]:
         np.testing.assert_allclose(losses, results[0][0], rtol=1e-5)
-        for k in state:
-            np.testing.assert_allclose(state[k], results[0][1][k], rtol=1e-4, atol=1e-7)
+        chex.assert_trees_all_close(state, results[0][1], rtol=1e-4, atol=1e-7)
 
 
 def test_scaler_is_inactive_on_cpu():
