@@ -25,37 +25,7 @@ import torch
 import cerebrax as cstorch
 from cerebrax.errors import StateError
 
-FEATURES, CLASSES, BATCH = 20, 4, 16
-
-
-class Classifier(torch.nn.Module):
-    """The "user defined model": a small MLP with LayerNorm."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(FEATURES, 64)
-        self.norm = torch.nn.LayerNorm(64)
-        self.fc2 = torch.nn.Linear(64, CLASSES)
-
-    def forward(self, x):
-        return self.fc2(self.norm(torch.relu(self.fc1(x))))
-
-
-def synthetic_data(n, seed=0):
-    """Points labelled by a fixed random linear teacher (learnable; no download)."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, FEATURES, generator=gen)
-    teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(99))
-    return x, (x @ teacher).argmax(1)
-
-
-def train_dataloader_fn(batch_size):
-    """The seed's ``train_dataloader_fn``: returns a torch DataLoader."""
-    x, y = synthetic_data(512)
-    dataset = torch.utils.data.TensorDataset(x, y)
-    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
-                                       drop_last=True,
-                                       generator=torch.Generator().manual_seed(0))
+from seed001_parts import BATCH, Classifier, synthetic_data, train_dataloader_fn
 
 
 def full_example(checkpoint_path=None, num_steps=12, checkpoint_steps=1, seed=0):
