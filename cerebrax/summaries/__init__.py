@@ -4,8 +4,9 @@
 ``SummaryWriter`` given as ``DataExecutor(writer=...)``, after the step, on activation
 steps, at step ``writer.base_step + iteration`` (1-based by default, as in cstorch).
 Without a writer it does nothing. ``SummaryWriter`` writes standard TensorBoard event
-files with no dependency on torch, TensorFlow or protobuf; ``SummaryReader`` reads them
-back and checks every record's CRC. The same names live at ``cstorch.utils.tensorboard``.
+files through tensorboardX (no torch or TensorFlow); ``SummaryReader`` reads them back
+through TensorBoard's own event reader, which checks every record's checksums, and
+needs the ``tensorboard`` extra. The same names live at ``cstorch.utils.tensorboard``.
 """
 
 from ._reader import ScalarEvent as ScalarEvent

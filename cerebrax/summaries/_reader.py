@@ -1,25 +1,28 @@
-"""``SummaryReader``: the scalars and tensors of the event files in a directory."""
+"""``SummaryReader``: the scalars and tensors of the event files in a directory.
+
+The files are read by TensorBoard's own event reader (:mod:`._loader`), which needs the
+``tensorboard`` package: ``pip install "cerebrax[tensorboard]"``. It is imported when a
+reader is made, not when cerebrax is.
+"""
 
 from __future__ import annotations
 
 import os
-import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import SummaryError
-from ._event import Event, ProtoError, decode_event
-from ._records import FramingError, unframe
 
 __all__ = ["ScalarEvent", "SummaryError", "SummaryReader", "TensorEvent"]
 
-MSG_CORRUPT = """\
-The event file {path} is damaged at byte {offset}: {problem}.
-Summaries before that byte are intact. If the run is still writing this file, read it
-again after writer.flush() or writer.close(); if the run crashed mid-write, the file is
-truncated. Copy the intact prefix to a new file to keep what was written, e.g.
-    head -c {offset} {path} > {path}.intact"""
+MSG_NO_TENSORBOARD = """\
+SummaryReader reads event files with TensorBoard's own reader, from the `tensorboard`
+package, which cannot be imported here ({error}). Install it with cerebrax's extra:
+    pip install "cerebrax[tensorboard]"
+Writing summaries (SummaryWriter, summarize_scalar) needs only tensorboardX, which
+cerebrax installs; `tensorboard --logdir DIR` needs the same extra."""
 
 
 class ScalarEvent(NamedTuple):
@@ -48,33 +51,26 @@ def _event_files(path: str) -> list[str]:
     return [os.path.join(path, n) for n in names]
 
 
-def _read_file(path: str) -> list[Event]:
-    with open(path, "rb") as f:
-        data = f.read()
-    events = []
-    offset = 0
+def _read_event_file() -> Callable[[str], Any]:
+    """TensorBoard's reader behind :func:`._loader.read_event_file`, or a SummaryError."""
     try:
-        for payload in unframe(data):
-            try:
-                events.append(decode_event(payload))
-            except (ProtoError, struct.error, TypeError, UnicodeDecodeError) as e:
-                raise FramingError(offset, f"a record is not an Event ({e})") from None
-            offset += len(payload) + 16
-    except FramingError as e:
-        raise SummaryError(
-            MSG_CORRUPT.format(path=path, offset=e.offset, problem=e.problem)
-        ) from None
-    return events
+        from ._loader import read_event_file
+    except ImportError as e:
+        raise SummaryError(MSG_NO_TENSORBOARD.format(error=e)) from None
+    return read_event_file
 
 
 class SummaryReader:
     """Reads back the summaries that a :class:`SummaryWriter` wrote.
 
     Every event file in ``log_dir`` (or the one file ``log_dir`` names) is read in
-    file-name order and every record's CRCs are checked: a damaged or truncated file
-    raises :class:`SummaryError` naming the file and the byte where damage starts.
-    Event files of other writers (torch, tensorboardX) read too; summaries other than
-    scalars and tensors are ignored. Call :meth:`reload` to see newer summaries.
+    file-name order by TensorBoard's event reader, which checks every record's
+    checksums: a damaged or truncated file raises :class:`SummaryError` naming the file
+    and the byte where damage starts. Event files of other writers (torch,
+    tensorboardX, TensorFlow) read too; summaries other than scalars and tensors are
+    ignored. Call :meth:`reload` to see newer summaries. Needs the ``tensorboard``
+    package (``pip install "cerebrax[tensorboard]"``); without it the reader raises
+    :class:`SummaryError` saying so.
 
     Example:
       >>> reader = SummaryReader("runs/demo")
@@ -88,21 +84,18 @@ class SummaryReader:
 
     def reload(self) -> None:
         """Reads the event files again."""
+        read_event_file = _read_event_file()
         self.files = _event_files(self.log_dir)
         self.file_versions: list[str | None] = []
         self._scalars: dict[str, list[ScalarEvent]] = {}
         self._tensors: dict[str, list[TensorEvent]] = {}
         for path in self.files:
-            events = _read_file(path)
-            self.file_versions.append(events[0].file_version if events else None)
-            for event in events:
-                for tag, value in event.values:
-                    if isinstance(value, float):
-                        entry = ScalarEvent(event.wall_time, event.step, value)
-                        self._scalars.setdefault(tag, []).append(entry)
-                    else:
-                        entry = TensorEvent(event.wall_time, event.step, value)
-                        self._tensors.setdefault(tag, []).append(entry)
+            summaries = read_event_file(path)
+            self.file_versions.append(summaries.file_version)
+            for tag, *entry in summaries.scalars:
+                self._scalars.setdefault(tag, []).append(ScalarEvent(*entry))
+            for tag, *entry in summaries.tensors:
+                self._tensors.setdefault(tag, []).append(TensorEvent(*entry))
 
     # ---- the short forms ----------------------------------------------------------------
     def tags(self) -> dict[str, list[str]]:

@@ -1,4 +1,12 @@
-"""``SummaryWriter``: scalars and tensors into a TensorBoard event file, no dependencies."""
+"""``SummaryWriter``: scalars and tensors into a TensorBoard event file, through tensorboardX.
+
+The writer builds tensorboardX's ``Event`` / ``Summary`` / ``TensorProto`` messages and
+hands their serialized bytes to tensorboardX's ``RecordWriter``, which frames the
+records and checksums them. It writes synchronously, on the calling thread, so
+:meth:`SummaryWriter.flush` returning means every summary written before it is in the
+file (tensorboardX's own ``SummaryWriter`` queues events for a background thread, and
+its ``flush`` does not wait for the queue).
+"""
 
 from __future__ import annotations
 
@@ -10,20 +18,47 @@ import time
 import weakref
 from typing import Any
 
+import ml_dtypes
 import numpy as np
+from tensorboardX import RecordWriter
+from tensorboardX.proto import types_pb2
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.summary_pb2 import Summary
+from tensorboardX.proto.tensor_pb2 import TensorProto
+from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
-from .._filters import is_strict_int
+from .._filters import is_strict_int, is_torch_tensor
 from ..errors import ConfigError
-from ._event import FILE_VERSION, ProtoError, encode_event
-from ._records import frame
 
 __all__ = ["SummaryWriter"]
 
+FILE_VERSION = "brain.Event:2"  # the first event of every TensorBoard event file
 _COUNTER = iter(range(1 << 62))  # keeps file names unique within one process
+
+# numpy dtype -> TensorFlow's DataType number, the ``dtype`` of a TensorProto. The copy
+# of types.proto inside tensorboardX stops before DT_UINT32 (22) and DT_UINT64 (23);
+# the field is an open proto3 enum and TensorBoard's reader knows both numbers.
+_DATA_TYPES: dict[np.dtype, int] = {
+    np.dtype(np.float32): types_pb2.DT_FLOAT,
+    np.dtype(np.float64): types_pb2.DT_DOUBLE,
+    np.dtype(np.float16): types_pb2.DT_HALF,
+    np.dtype(ml_dtypes.bfloat16): types_pb2.DT_BFLOAT16,
+    np.dtype(np.int8): types_pb2.DT_INT8,
+    np.dtype(np.int16): types_pb2.DT_INT16,
+    np.dtype(np.int32): types_pb2.DT_INT32,
+    np.dtype(np.int64): types_pb2.DT_INT64,
+    np.dtype(np.uint8): types_pb2.DT_UINT8,
+    np.dtype(np.uint16): types_pb2.DT_UINT16,
+    np.dtype(np.uint32): 22,
+    np.dtype(np.uint64): 23,
+    np.dtype(np.bool_): types_pb2.DT_BOOL,
+    np.dtype(np.complex64): types_pb2.DT_COMPLEX64,
+    np.dtype(np.complex128): types_pb2.DT_COMPLEX128,
+}
 
 
 def _as_numpy(value: Any) -> np.ndarray:
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
+    if is_torch_tensor(value):
         value = value.detach().cpu().numpy()
     return np.asarray(value)
 
@@ -38,17 +73,26 @@ def _as_float(tag: str, value: Any) -> float:
     return float(array.reshape(()))
 
 
-def _close_file(file) -> None:
-    if not file.closed:
-        file.close()
+def _tensor_proto(tag: str, array: np.ndarray) -> TensorProto:
+    """``array`` as a TensorProto: dtype, shape and little-endian C-order bytes."""
+    native = array.dtype.newbyteorder("=")
+    if native not in _DATA_TYPES:
+        names = ", ".join(sorted(str(d) for d in _DATA_TYPES))
+        raise ConfigError(
+            f"Cannot write tensor summary {tag!r}: {array.dtype=} has no TensorBoard "
+            f"type. Cast it to one of: {names}."
+        )
+    shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=n) for n in array.shape])
+    content = array.astype(native.newbyteorder("<"), copy=False).tobytes()
+    return TensorProto(dtype=_DATA_TYPES[native], tensor_shape=shape, tensor_content=content)
 
 
 class SummaryWriter:
     """Writes scalar and tensor summaries to a TensorBoard event file in ``log_dir``.
 
-    The file is ``events.out.tfevents.<time>.<host>.<pid>.<n>``: TFRecord framing with
-    masked CRC-32C, a ``file_version`` event first, then one event per summary
-    (scalars as ``simple_value``, tensors as a ``TensorProto`` with dtype, shape and raw
+    The file is ``events.out.tfevents.<time>.<host>.<pid>.<n>``, written with
+    tensorboardX: a ``file_version`` event first, then one event per summary (scalars
+    as ``simple_value``, tensors as a ``TensorProto`` with dtype, shape and raw
     little-endian content). ``tensorboard --logdir`` reads it; so does
     :class:`SummaryReader`. Writes are buffered and flushed every ``flush_secs``, on
     :meth:`flush`, on :meth:`close` and when a DataExecutor loop ends.
@@ -90,25 +134,25 @@ class SummaryWriter:
             f"{os.getpid()}.{next(_COUNTER)}{filename_suffix}"
         )
         self.file_path = os.path.join(self.log_dir, name)
-        self._file = open(self.file_path, "wb")  # noqa: SIM115  (closed by close())
-        self._finalizer = weakref.finalize(self, _close_file, self._file)
+        self._records = RecordWriter(self.file_path)
+        self._finalizer = weakref.finalize(self, self._records.close)
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
-        self._write(encode_event(time.time(), file_version=FILE_VERSION), flush=True)
+        self._write(Event(wall_time=time.time(), file_version=FILE_VERSION), flush=True)
 
     # ---- writing ------------------------------------------------------------------------
-    def _write(self, event: bytes, *, flush: bool = False) -> None:
+    def _write(self, event: Event, *, flush: bool = False) -> None:
         with self._lock:
-            if self._file.closed:
+            if not self._finalizer.alive:
                 raise ConfigError(
                     f"The SummaryWriter of {self.log_dir!r} is closed; create a new one."
                 )
-            self._file.write(frame(event))
+            self._records.write(event.SerializeToString())
             if flush or time.monotonic() - self._last_flush >= self.flush_secs:
                 self._flush_locked()
 
     def _flush_locked(self) -> None:
-        self._file.flush()
+        self._records.flush()
         self._last_flush = time.monotonic()
 
     @staticmethod
@@ -116,6 +160,14 @@ class SummaryWriter:
         if not isinstance(tag, str) or not tag:
             raise ConfigError(f"A summary tag must be a non-empty string, got {tag!r}.")
         return tag
+
+    @staticmethod
+    def _event(value: Summary.Value, step: int | None, walltime: float | None) -> Event:
+        wall = time.time() if walltime is None else walltime
+        event = Event(wall_time=wall, summary=Summary(value=[value]))
+        if step is not None:
+            event.step = int(step)
+        return event
 
     def add_scalar(
         self,
@@ -129,8 +181,7 @@ class SummaryWriter:
         TensorBoard stores scalars as float32.
         """
         value = _as_float(self._check_tag(tag), scalar_value)
-        wall = time.time() if walltime is None else walltime
-        self._write(encode_event(wall, global_step, scalar=(tag, value)))
+        self._write(self._event(Summary.Value(tag=tag, simple_value=value), global_step, walltime))
 
     def add_tensor(
         self,
@@ -143,19 +194,14 @@ class SummaryWriter:
 
         Every numeric numpy dtype is kept, bfloat16 included; strings and objects are not.
         """
-        array = _as_numpy(tensor)
-        wall = time.time() if walltime is None else walltime
-        try:
-            event = encode_event(wall, global_step, tensor=(self._check_tag(tag), array))
-        except ProtoError as e:
-            raise ConfigError(f"Cannot write tensor summary {tag!r}: {e}.") from None
-        self._write(event)
+        proto = _tensor_proto(self._check_tag(tag), _as_numpy(tensor))
+        self._write(self._event(Summary.Value(tag=tag, tensor=proto), global_step, walltime))
 
     # ---- lifetime -----------------------------------------------------------------------
     def flush(self) -> None:
-        """Writes the buffered summaries to the file (no fsync)."""
+        """Writes the buffered summaries to the file and syncs it to disk."""
         with self._lock:
-            if not self._file.closed:
+            if self._finalizer.alive:
                 self._flush_locked()
 
     def close(self) -> None:

@@ -1,102 +1,32 @@
-"""TensorBoard summaries: summarize_* in traced steps, the event file format, the reader."""
+"""TensorBoard summaries: summarize_* in traced steps, the event files as TensorBoard reads
+them, cerebrax's reader."""
 
 from __future__ import annotations
 
 import pathlib
-import struct
+import sys
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 from helpers import batches, compiled_mlp, xent
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.compat.proto import types_pb2
+from tensorboard.util import tensor_util
 
 import cerebrax as cstorch
 from cerebrax.summaries import SummaryError, SummaryReader, SummaryWriter
 
-# ---- an event-file parser independent of cerebrax's ---------------------------------------
+# ---- TensorBoard's own readers, independent of cerebrax's ---------------------------------
 
 
-def _crc_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ (0x82F63B78 * (c & 1))
-        table.append(c)
-    return table
-
-
-CRC_TABLE = _crc_table()
-
-
-def crc32c(data: bytes) -> int:
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc = CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(data: bytes) -> int:
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def records(path: pathlib.Path) -> list[bytes]:
-    """The payloads of a TFRecord file, asserting every length and CRC."""
-    data = path.read_bytes()
-    out, pos = [], 0
-    while pos < len(data):
-        header = data[pos : pos + 8]
-        (length,) = struct.unpack("<Q", header)
-        assert struct.unpack("<I", data[pos + 8 : pos + 12])[0] == masked(header)
-        payload = data[pos + 12 : pos + 12 + length]
-        assert len(payload) == length
-        assert struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])[0] == masked(
-            payload
-        )
-        out.append(payload)
-        pos += 16 + length
-    assert pos == len(data)
-    return out
-
-
-def fields(msg: bytes) -> dict[int, list]:
-    out, pos = {}, 0
-    while pos < len(msg):
-        key, shift = 0, 0
-        while True:
-            b = msg[pos]
-            pos += 1
-            key |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, shift = 0, 0
-            while True:
-                b = msg[pos]
-                pos += 1
-                value |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-        elif wire == 2:
-            size, shift = 0, 0
-            while True:
-                b = msg[pos]
-                pos += 1
-                size |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            value, pos = msg[pos : pos + size], pos + size
-        else:
-            size = {1: 8, 5: 4}[wire]
-            value, pos = msg[pos : pos + size], pos + size
-        out.setdefault(field, []).append(value)
-    return out
+def accumulate(directory) -> EventAccumulator:
+    """TensorBoard's EventAccumulator over ``directory``, every event kept (no sampling)."""
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
 
 
 def event_files(directory) -> list[pathlib.Path]:
@@ -272,26 +202,63 @@ def test_summaries_inside_a_step_closure_use_its_step(tmp_path):
 # ---- the event file -----------------------------------------------------------------------
 
 
-def test_event_file_framing_and_file_version_record(tmp_path):
+def test_event_file_as_tensorboard_reads_it(tmp_path):
     with SummaryWriter(tmp_path) as writer:
-        writer.add_scalar("a", 0.5, 3)
-        writer.add_tensor("t", np.arange(6, dtype=np.int32).reshape(2, 3), 4)
+        writer.add_scalar("a", 0.5, 3, walltime=1_700_000_000.25)
+        writer.add_tensor("t", np.arange(6, dtype=np.int32).reshape(2, 3), 4, walltime=1.7e9 + 1)
         writer.add_tensor("big", np.arange(5000, dtype=np.float32), 5)  # > 8 KB payload
     (path,) = event_files(tmp_path)
     assert path.name.startswith("events.out.tfevents.")
-    first, scalar, tensor, big = (fields(p) for p in records(path))
-    assert first[3] == [b"brain.Event:2"] and 5 not in first
-    assert struct.unpack("<d", first[1][0])[0] > 1.6e9  # wall time, seconds
-    assert scalar[2] == [3]
-    value = fields(fields(scalar[5][0])[1][0])
-    assert value[1] == [b"a"] and struct.unpack("<f", value[2][0]) == (0.5,)
-    value = fields(fields(tensor[5][0])[1][0])
-    proto = fields(value[8][0])
-    assert proto[1] == [3]  # DT_INT32
-    dims = [fields(d)[1][0] for d in fields(proto[2][0])[2]]
-    assert dims == [2, 3]
-    assert proto[4] == [np.arange(6, dtype="<i4").tobytes()]
-    assert big[2] == [5]
+    first, scalar, tensor, big = EventFileLoader(str(path)).Load()
+    assert first.file_version == "brain.Event:2" and not first.HasField("summary")
+    assert first.wall_time > 1.6e9  # seconds
+    assert (scalar.step, scalar.wall_time) == (3, 1_700_000_000.25)
+    (value,) = scalar.summary.value  # migrated by TensorBoard into a scalars-plugin tensor
+    assert value.tag == "a" and value.metadata.plugin_data.plugin_name == "scalars"
+    assert tensor_util.make_ndarray(value.tensor) == np.float32(0.5)
+    assert (tensor.step, tensor.wall_time) == (4, 1.7e9 + 1)
+    (value,) = tensor.summary.value
+    assert value.tag == "t" and value.tensor.dtype == types_pb2.DT_INT32
+    np.testing.assert_array_equal(
+        tensor_util.make_ndarray(value.tensor), np.arange(6, dtype=np.int32).reshape(2, 3)
+    )
+    assert big.step == 5 and big.wall_time >= first.wall_time
+    np.testing.assert_array_equal(
+        tensor_util.make_ndarray(big.summary.value[0].tensor), np.arange(5000, dtype=np.float32)
+    )
+    # What `tensorboard --logdir` shows: "a" under scalars, "t" and "big" under tensors.
+    accumulator = accumulate(tmp_path)
+    assert accumulator.Tags()["scalars"] == ["a"]
+    assert sorted(accumulator.Tags()["tensors"]) == ["big", "t"]
+    ((wall_time, step, value),) = [(e.wall_time, e.step, e.value) for e in accumulator.Scalars("a")]
+    assert (wall_time, step, value) == (1_700_000_000.25, 3, 0.5)
+
+
+def test_training_summaries_as_tensorboard_reads_them(tmp_path):
+    with SummaryWriter(tmp_path / "run") as writer:
+        losses, logits, norms, _ = train(4, writer=writer, outside=True)
+    accumulator = accumulate(tmp_path / "run")
+    tags = accumulator.Tags()
+    assert sorted(tags["scalars"]) == ["outside/step", "train/grad_norm", "train/loss"]
+    assert tags["tensors"] == ["train/logits0"]
+    loss = accumulator.Scalars("train/loss")
+    assert [(e.step, e.value) for e in loss] == [(s + 1, float(v)) for s, v in enumerate(losses)]
+    norm = accumulator.Scalars("train/grad_norm")
+    assert [(e.step, e.value) for e in norm] == [(s + 1, float(v)) for s, v in enumerate(norms)]
+    outside = accumulator.Scalars("outside/step")
+    assert [(e.step, e.value) for e in outside] == [(s + 1, 10.0 * s) for s in range(4)]
+    tensors = accumulator.Tensors("train/logits0")
+    assert [e.step for e in tensors] == [1, 2, 3, 4]
+    for event, want in zip(tensors, logits):
+        got = tensor_util.make_ndarray(event.tensor_proto)
+        assert got.dtype == np.float32 and got.shape == (4,)
+        np.testing.assert_array_equal(got, want)
+    # Wall times are when each step's summaries were written, in order, and cerebrax's
+    # reader agrees with TensorBoard's on every one.
+    walls = [e.wall_time for e in loss]
+    assert walls == sorted(walls)
+    ours = SummaryReader(tmp_path / "run").read_scalar("train/loss")
+    assert [tuple(e) for e in ours] == [(e.wall_time, e.step, e.value) for e in loss]
 
 
 @pytest.mark.parametrize(
@@ -304,6 +271,9 @@ def test_event_file_framing_and_file_version_record(tmp_path):
         np.linspace(-1, 1, 7).astype(np.float16),
         np.linspace(-1, 1, 7).astype(ml_dtypes.bfloat16),
         np.arange(6, dtype=np.uint8),
+        np.arange(5, dtype=np.uint32) * 1_000_000_000,
+        np.array([0, 2**64 - 1], np.uint64),
+        np.arange(4, dtype=np.int8) - 2,
         np.array([1 + 2j, -3j], np.complex64),
         np.zeros((0, 3), np.float32),
         np.random.default_rng(0).normal(size=(64, 300)).astype(np.float32),
@@ -316,6 +286,24 @@ def test_tensors_round_trip_exactly(tmp_path, array):
     ((step, got),) = SummaryReader(tmp_path).tensors("x")
     assert step == 7 and got.dtype == array.dtype and got.shape == array.shape
     np.testing.assert_array_equal(got, array)
+    if array.dtype != ml_dtypes.bfloat16:  # TensorBoard alone has no numpy bfloat16
+        (event,) = accumulate(tmp_path).Tensors("x")
+        np.testing.assert_array_equal(tensor_util.make_ndarray(event.tensor_proto), array)
+
+
+def test_tensors_of_other_byte_orders_and_layouts_read_back(tmp_path):
+    big_endian = np.arange(6, dtype=">i4").reshape(2, 3)
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_tensor("big_endian", big_endian, 1)
+        writer.add_tensor("transposed", big_endian.T, 1)
+        with pytest.raises(cstorch.ConfigError, match="has no TensorBoard type"):
+            writer.add_tensor("text", np.array(["a", "b"]), 1)
+    reader = SummaryReader(tmp_path)
+    ((_, got),) = reader.tensors("big_endian")
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, big_endian)
+    np.testing.assert_array_equal(reader.tensors("transposed")[0][1], big_endian.T)
+    assert reader.tags()["tensors"] == ["big_endian", "transposed"]
 
 
 def test_reader_detects_corruption(tmp_path):
@@ -346,6 +334,28 @@ def test_reader_errors_name_what_is_missing(tmp_path):
         reader.scalars("los")
     with pytest.raises(SummaryError, match="its steps are"):
         reader.read_scalar("loss", step=2)
+
+
+def test_reader_without_tensorboard_says_how_to_install_it(tmp_path, monkeypatch):
+    for name in [n for n in sys.modules if n == "tensorboard" or n.startswith("tensorboard.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import tensorboard` now fails
+    monkeypatch.delitem(sys.modules, "cerebrax.summaries._loader", raising=False)
+    with SummaryWriter(tmp_path) as writer:  # writing needs only tensorboardX
+        writer.add_scalar("loss", 1.0, 1)
+    with pytest.raises(SummaryError, match=r'pip install "cerebrax\[tensorboard\]"'):
+        SummaryReader(tmp_path)
+
+
+def test_reader_reads_a_file_still_being_written(tmp_path):
+    writer = SummaryWriter(tmp_path, flush_secs=3600)
+    writer.add_scalar("loss", 1.0, 1)
+    writer.flush()
+    reader = SummaryReader(writer.file_path)
+    assert reader.scalars("loss") == [(1, 1.0)] and reader.file_versions == ["brain.Event:2"]
+    writer.add_scalar("loss", 0.5, 2)
+    writer.close()
+    reader.reload()
+    assert reader.scalars("loss") == [(1, 1.0), (2, 0.5)]
 
 
 def test_writer_after_close_raises(tmp_path):
