@@ -9,10 +9,15 @@
 ``--checkpoint`` trains the steps that remain), prints the loss every
 ``runconfig.log_steps`` steps and saves ``model_dir/checkpoint_<step>.mdl`` every
 ``runconfig.checkpoint_steps`` steps and at the end. ``eval`` evaluates a checkpoint
-(default: the newest in ``model_dir``) and prints the loss and the configured metrics.
+(default: the newest in ``model_dir``) and prints the mean loss over its batches and the
+configured metrics; its progress bar shows the running mean of the same loss.
 ``validate`` traces one step and ``compile`` compiles it (HLO text and memory report in
 ``runconfig.compile_dir``); neither runs a step. ``compile_dir`` also holds JAX's
 persistent compilation cache, so a second process skips the XLA compile.
+
+Log lines go to stdout. On a terminal, ``fit`` and ``eval`` draw a progress bar on
+stderr that stays below the log lines; off a terminal they print one progress summary
+line to stderr when the loop ends.
 
 The config (``configs/digits_mlp.yaml`` is an example)::
 

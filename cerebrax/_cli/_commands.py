@@ -18,6 +18,7 @@ from .._closures import checkpoint_closure, step_closure
 from ..amp import optimizer_step
 from ..ckpt import load, save
 from ..data import DataExecutor
+from ..data._progress import write
 from ..errors import ConfigError
 from ..trace import trace, write_artifacts
 from . import _build
@@ -55,6 +56,9 @@ def _training_step(job: JobConfig, model: Any, loss_fn: Any, pieces: tuple):
 
 
 def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any):
+    """The step returns the running mean loss, so the progress bar shows what the final
+    ``eval loss`` line prints (not the last batch's loss)."""
+
     @trace
     def evaluation_step(inputs, targets):
         outputs = model(inputs)
@@ -65,7 +69,7 @@ def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any):
                 metric.update(labels=targets, predictions=jnp.argmax(outputs, axis=-1))
             else:  # perplexity: the batch's summed loss over its tokens
                 metric.update(labels=targets, loss=loss * jnp.size(targets))
-        return loss
+        return mean_loss.compute()
 
     return evaluation_step
 
@@ -94,7 +98,7 @@ def _restore(state: Any, model: Any, pieces: tuple, path: str) -> int:
         scaler.load_state_dict(state["grad_scaler"])
     step = state.get("global_step", 0)
     step = int(np.asarray(step))
-    print(f"[cerebrax] resumed from {path} at step {step}")
+    write(f"[cerebrax] resumed from {path} at step {step}")
     return step
 
 
@@ -140,7 +144,7 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
     @step_closure
     def log_loss(loss, step):
         if step % run.log_steps == 0 or step == run.num_steps:
-            print(f"step {step:6d}  loss {_fmt(loss)}", flush=True)
+            write(f"step {step:6d}  loss {_fmt(loss)}")
 
     @checkpoint_closure
     def save_checkpoint(step):
@@ -156,7 +160,7 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
         state_dict["global_step"] = step
         path = os.path.join(run.model_dir, f"checkpoint_{step}.mdl")
         save(state_dict, path)
-        print(f"saved {path}", flush=True)
+        write(f"saved {path}")
 
     model.train()
     for batch in executor:
@@ -184,10 +188,9 @@ class _FirstStep:
         hits = self.counter.hits - self.hits
         misses = self.counter.misses - self.misses
         cache = "hit" if hits and not misses else "miss" if misses else "not used"
-        print(
+        write(
             f"[cerebrax] first step in {seconds:.3f} s (compile cache {cache}: "
-            f"{hits} hit(s), {misses} miss(es))",
-            flush=True,
+            f"{hits} hit(s), {misses} miss(es))"
         )
 
 
@@ -207,7 +210,7 @@ def run_eval(job: JobConfig, checkpoint: str | None) -> None:
     state = load(path)
     model.load_state_dict(state["model"])
     step = state.get("global_step")
-    print(
+    write(
         f"[cerebrax] evaluating {path}"
         + (f" (step {int(np.asarray(step))})" if step is not None else "")
     )
@@ -221,9 +224,9 @@ def run_eval(job: JobConfig, checkpoint: str | None) -> None:
         step_fn(*batch)
         steps += 1
     # Host sync points: each float() waits for the last evaluation step.
-    print(f"eval loss {float(mean_loss):.6f}  ({steps} steps)")
+    write(f"eval loss {float(mean_loss):.6f}  ({steps} steps)")
     for metric, _ in metrics:
-        print(f"eval {metric.name} {float(metric):.6f}")
+        write(f"eval {metric.name} {float(metric):.6f}")
 
 
 # ---- validate / compile --------------------------------------------------------------------
@@ -256,7 +259,7 @@ def run_compile(job: JobConfig, *, mode: str, validate_only: bool) -> None:
             step_fn(*batch)
         elif validate_only:
             step_fn.lower(*batch)
-            print(f"[cerebrax] validated `{name}`: traced and lowered, nothing compiled or run.")
+            write(f"[cerebrax] validated `{name}`: traced and lowered, nothing compiled or run.")
         else:
             started = time.perf_counter()
             lowered = step_fn.lower(*batch)
@@ -268,4 +271,4 @@ def run_compile(job: JobConfig, *, mode: str, validate_only: bool) -> None:
         with open(
             os.path.join(backend.compile_dir if csx else run.compile_dir, f"{name}.memory.txt")
         ) as f:
-            print(f.read(), end="")
+            print(f.read(), end="")  # after the loop: no bar is live

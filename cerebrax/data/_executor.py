@@ -58,7 +58,8 @@ class DataExecutor:
         object with ``add_scalar(tag, value, step)`` (and ``add_tensor`` for tensors).
         None drops summaries. The writer is flushed when the loop ends.
       progress_bar: True draws a live bar, False nothing; None (the default) draws a live
-        bar on a terminal and otherwise prints one summary line to stderr at the end.
+        bar on stderr when stderr and stdout are a terminal, and otherwise prints one
+        summary line to stderr at the end.
     """
 
     def __init__(

@@ -1,37 +1,114 @@
-"""A small progress bar for the DataExecutor: steps, steps/s and the last known loss."""
+"""The DataExecutor's progress bar (drawn by tqdm) and ``write``, for lines printed under it.
+
+A bar redraws its line in place with carriage returns, so a line printed with ``print``
+while a bar is live lands on the bar's line: the two overwrite each other. ``write``
+clears the bar, prints the line and redraws the bar below it, so the log stays above
+the bar and the bar stays at the bottom. The bar goes to stderr and the lines to stdout
+(a pipe reading stdout gets only the log); tqdm clears a bar on stderr before a line
+goes to stdout because a terminal shows both streams.
+
+Off a terminal (a pipe, a file, a notebook's captured stream) no bar is drawn: one
+summary line goes to the bar's stream when the loop ends. A bar on stderr is live only
+when stdout is a terminal too: with ``cerebrax fit ... | tee log`` the lines reach the
+screen through ``tee``, later than the bar, and would land on the bar's line.
+"""
 
 from __future__ import annotations
 
 import collections
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import jax
+from tqdm import tqdm
 
-__all__ = ["ProgressBar"]
+__all__ = ["BAR_FORMAT", "ProgressBar", "write"]
+
+# ``{loss}`` is cerebrax's own field (see _Bar.format_dict): " | loss 0.25" or "".
+BAR_FORMAT = (
+    "[cerebrax] {percentage:3.0f}%|{bar:20}| step {n}/{total} | {rate_noinv_fmt}{loss}"
+    " [{elapsed}<{remaining}]"
+)
+
+
+def write(line: str, *, file: TextIO | None = None) -> None:
+    """Prints ``line`` above any live progress bar, which redraws below it.
+
+    Use it instead of ``print`` for anything printed while a DataExecutor loop runs (a
+    step closure's log line, for instance): ``print`` would write over the bar.
+
+    Args:
+      line: the text, without its newline.
+      file: where the line goes (default: ``sys.stdout`` at the time of the call).
+    """
+    file = sys.stdout if file is None else file
+    with tqdm.external_write_mode(file=file):
+        file.write(line + "\n")
+        file.flush()
+
+
+def _isatty(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty()) if callable(isatty) else False
+
+
+def _live_by_default(stream: Any) -> bool:
+    """A live bar on a terminal; on stderr, only when stdout's lines go straight there too."""
+    if stream is sys.stderr:
+        return _isatty(sys.stderr) and _isatty(sys.stdout)
+    return _isatty(stream)
+
+
+class _Bar(tqdm):
+    """tqdm with a ``{loss}`` field in ``bar_format``, read when the bar is drawn."""
+
+    monitor_interval = 0  # no monitor thread: the bar is drawn only from the loop's thread
+
+    def __init__(self, *args: Any, loss_text: Any, **kwargs: Any):
+        self._loss_text = loss_text
+        super().__init__(*args, **kwargs)
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        return {**super().format_dict, "loss": self._loss_text()}
 
 
 class ProgressBar:
-    """Renders ``step i/N | x steps/s | loss y`` to stderr without waiting for the device.
+    """Shows ``step i/N | x steps/s | loss y`` without waiting for the device.
 
     The loss shown is the step's scalar output (or the first element of its output
     tuple): the newest one whose value is already computed (``jax.Array.is_ready``), so
-    drawing never blocks the dispatch of the next step; the final line waits for the
-    last step. On
-    a terminal the bar redraws in place a few times per second; otherwise one line is
-    printed when the run ends.
+    drawing never blocks the dispatch of the next step; closing waits for the last step
+    so the final line shows its value. The live rate is tqdm's recent average; the
+    summary line's is the average over the whole loop.
+
+    Args:
+      total: the number of steps.
+      live: True draws a live bar (tqdm, redrawn at most 4 times a second), False prints
+        one summary line when the bar closes; None draws a live bar when ``stream`` is a
+        terminal (for ``sys.stderr``: when stdout is one too).
+      stream: where the bar goes (default: ``sys.stderr``).
     """
 
     def __init__(self, total: int, *, live: bool | None = None, stream: Any = None):
         self.total = total
-        self.stream = stream or sys.stderr
-        self.live = self.stream.isatty() if live is None else live
+        self.stream = sys.stderr if stream is None else stream
+        self.live = _live_by_default(self.stream) if live is None else live
         self.start = time.perf_counter()
-        self._last_draw = 0.0
         self._outputs: collections.deque = collections.deque(maxlen=8)
         self.loss: float | None = None
         self.done = 0
+        self._bar = _Bar(
+            total=total,
+            file=self.stream,
+            disable=not self.live,
+            loss_text=self._loss_text,
+            bar_format=BAR_FORMAT,
+            unit=" steps",
+            mininterval=0.25,
+            dynamic_ncols=True,
+        )
 
     def note_output(self, output: Any) -> None:
         leaf = output[0] if isinstance(output, (tuple, list)) and output else output
@@ -48,31 +125,27 @@ class ProgressBar:
                 break
         return self.loss
 
+    def _loss_text(self) -> str:
+        loss = self._ready_loss()
+        return "" if loss is None else f" | loss {loss:.4g}"
+
     def text(self) -> str:
+        """The summary line, without the ``[cerebrax]`` prefix."""
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         rate = self.done / elapsed
-        loss = self._ready_loss()
-        parts = [f"step {self.done}/{self.total}", f"{rate:.1f} steps/s"]
-        if loss is not None:
-            parts.append(f"loss {loss:.4g}")
-        return " | ".join(parts)
+        return f"step {self.done}/{self.total} | {rate:.1f} steps/s{self._loss_text()}"
 
     def update(self, done: int) -> None:
+        """Notes that ``done`` steps have been dispatched; redraws a live bar if due."""
+        if done > self.done:
+            self._bar.update(done - self.done)
         self.done = done
-        if not self.live:
-            return
-        now = time.perf_counter()
-        if now - self._last_draw >= 0.25:
-            self._last_draw = now
-            self.stream.write("\r[cerebrax] " + self.text() + "\033[K")
-            self.stream.flush()
 
     def close(self) -> None:
         if self._outputs:
             # The run is over: wait for the last step so the final line shows its value.
             self._outputs[-1].block_until_ready()
-        if self.live:
-            self.stream.write("\r[cerebrax] " + self.text() + "\033[K\n")
-        else:
+        self._bar.close()  # a live bar draws itself a last time and ends its line
+        if not self.live:
             self.stream.write("[cerebrax] " + self.text() + "\n")
-        self.stream.flush()
+            self.stream.flush()

@@ -6,6 +6,7 @@ backend so that a resumed run can be compared with the uninterrupted one bit for
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import subprocess
@@ -93,12 +94,16 @@ def _write(tmp_path: pathlib.Path, config: dict, name: str = "job.yaml") -> path
 
 
 def _cerebrax(*args, cwd) -> subprocess.CompletedProcess:
+    # REPO first on the path: the command under test is this checkout's cerebrax, not an
+    # installed one (the subprocess runs in another directory).
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "cerebrax", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
+        env={**os.environ, "PYTHONPATH": path},
     )
 
 
@@ -191,6 +196,24 @@ def test_eval_prints_loss_and_accuracy(trained):
     assert "checkpoint_20.mdl" in out.stdout
     assert float(re.search(r"^eval loss (\S+)", out.stdout, re.M).group(1)) < 1.0
     assert float(re.search(r"^eval accuracy (\S+)", out.stdout, re.M).group(1)) >= 0.8
+
+
+def test_eval_progress_shows_the_mean_loss_it_prints(trained):
+    # Off a terminal the bar is one summary line on stderr; its loss is the running mean
+    # at the last step, the same quantity as the `eval loss` line (to the bar's 4 digits).
+    tmp_path, config, _, _ = trained
+    out = _cerebrax("eval", config, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bar = re.search(r"^\[cerebrax\] step 4/4 \| .* steps/s \| loss (\S+)$", out.stderr, re.M)
+    mean = float(re.search(r"^eval loss (\S+)", out.stdout, re.M).group(1))
+    assert float(bar.group(1)) == float(f"{mean:.4g}")
+
+
+def test_fit_off_a_terminal_prints_one_progress_line(trained):
+    _, _, full, _ = trained
+    assert "\r" not in full.stderr and "\r" not in full.stdout
+    assert len(re.findall(r"^\[cerebrax\] step 20/20 \| ", full.stderr, re.M)) == 1
+    assert "[cerebrax] step" not in full.stdout  # the log alone goes to stdout
 
 
 def test_validate_traces_and_runs_nothing(tmp_path):
