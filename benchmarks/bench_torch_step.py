@@ -12,8 +12,8 @@ compiled program, so the steady-state cost should be the same.
 
     python benchmarks/bench_torch_step.py       # prints the table, writes RESULTS.md
 
-Rounds alternate between the two steps; the reported ratio is the median of the
-per-round ratios of their times per step, with its range.
+Rounds alternate between the two steps, in turn first and second; the reported ratio
+is the median of the per-round ratios of their times per step, with its range.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def seconds_per_step(step, data, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400, help="steps per round")
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--output", default=str(pathlib.Path(__file__).with_name("RESULTS.md")))
     args = parser.parse_args()
 
@@ -105,8 +105,9 @@ def main() -> None:
         seconds_per_step(step, data, 20)  # traces, compiles and warms up
     first = time.perf_counter() - start
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
+    for round_ in range(args.rounds):
+        order = list(steps.items())
+        for name, step in order if round_ % 2 == 0 else order[::-1]:  # A B, then B A
             times[name].append(seconds_per_step(step, data, args.steps))
     assert all(step.num_compiles == 1 for step in steps.values())
 
