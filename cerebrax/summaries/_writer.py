@@ -11,6 +11,8 @@ its ``flush`` does not wait for the queue).
 from __future__ import annotations
 
 import datetime
+import functools
+import types
 import os
 import socket
 import threading
@@ -20,12 +22,6 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from tensorboardX import RecordWriter
-from tensorboardX.proto import types_pb2
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
-from tensorboardX.proto.tensor_pb2 import TensorProto
-from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
 from .._filters import is_strict_int, is_torch_tensor
 from ..errors import ConfigError
@@ -35,26 +31,43 @@ __all__ = ["SummaryWriter"]
 FILE_VERSION = "brain.Event:2"  # the first event of every TensorBoard event file
 _COUNTER = iter(range(1 << 62))  # keeps file names unique within one process
 
-# numpy dtype -> TensorFlow's DataType number, the ``dtype`` of a TensorProto. The copy
-# of types.proto inside tensorboardX stops before DT_UINT32 (22) and DT_UINT64 (23);
-# the field is an open proto3 enum and TensorBoard's reader knows both numbers.
-_DATA_TYPES: dict[np.dtype, int] = {
-    np.dtype(np.float32): types_pb2.DT_FLOAT,
-    np.dtype(np.float64): types_pb2.DT_DOUBLE,
-    np.dtype(np.float16): types_pb2.DT_HALF,
-    np.dtype(ml_dtypes.bfloat16): types_pb2.DT_BFLOAT16,
-    np.dtype(np.int8): types_pb2.DT_INT8,
-    np.dtype(np.int16): types_pb2.DT_INT16,
-    np.dtype(np.int32): types_pb2.DT_INT32,
-    np.dtype(np.int64): types_pb2.DT_INT64,
-    np.dtype(np.uint8): types_pb2.DT_UINT8,
-    np.dtype(np.uint16): types_pb2.DT_UINT16,
-    np.dtype(np.uint32): 22,
-    np.dtype(np.uint64): 23,
-    np.dtype(np.bool_): types_pb2.DT_BOOL,
-    np.dtype(np.complex64): types_pb2.DT_COMPLEX64,
-    np.dtype(np.complex128): types_pb2.DT_COMPLEX128,
-}
+@functools.cache
+def _tbx() -> types.SimpleNamespace:
+    """tensorboardX's record writer and messages, imported when the first writer opens.
+
+    ``import tensorboardX`` imports torch when torch is installed, so it waits until a
+    summary is written: ``import cerebrax`` and checkpoint code stay torch-free.
+    """
+    from tensorboardX import RecordWriter
+    from tensorboardX.proto import types_pb2
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.proto.tensor_pb2 import TensorProto
+    from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
+
+    # numpy dtype -> TensorFlow's DataType number, the ``dtype`` of a TensorProto. The
+    # copy of types.proto inside tensorboardX stops before DT_UINT32 (22) and DT_UINT64
+    # (23); the field is an open proto3 enum and TensorBoard's reader knows both numbers.
+    data_types = {
+        np.dtype(np.float32): types_pb2.DT_FLOAT,
+        np.dtype(np.float64): types_pb2.DT_DOUBLE,
+        np.dtype(np.float16): types_pb2.DT_HALF,
+        np.dtype(ml_dtypes.bfloat16): types_pb2.DT_BFLOAT16,
+        np.dtype(np.int8): types_pb2.DT_INT8,
+        np.dtype(np.int16): types_pb2.DT_INT16,
+        np.dtype(np.int32): types_pb2.DT_INT32,
+        np.dtype(np.int64): types_pb2.DT_INT64,
+        np.dtype(np.uint8): types_pb2.DT_UINT8,
+        np.dtype(np.uint16): types_pb2.DT_UINT16,
+        np.dtype(np.uint32): 22,
+        np.dtype(np.uint64): 23,
+        np.dtype(np.bool_): types_pb2.DT_BOOL,
+        np.dtype(np.complex64): types_pb2.DT_COMPLEX64,
+        np.dtype(np.complex128): types_pb2.DT_COMPLEX128,
+    }
+    return types.SimpleNamespace(RecordWriter=RecordWriter, Event=Event, Summary=Summary,
+                                 TensorProto=TensorProto, TensorShapeProto=TensorShapeProto,
+                                 data_types=data_types)
 
 
 def _as_numpy(value: Any) -> np.ndarray:
@@ -73,18 +86,20 @@ def _as_float(tag: str, value: Any) -> float:
     return float(array.reshape(()))
 
 
-def _tensor_proto(tag: str, array: np.ndarray) -> TensorProto:
+def _tensor_proto(tag: str, array: np.ndarray) -> Any:
     """``array`` as a TensorProto: dtype, shape and little-endian C-order bytes."""
+    tbx = _tbx()
     native = array.dtype.newbyteorder("=")
-    if native not in _DATA_TYPES:
-        names = ", ".join(sorted(str(d) for d in _DATA_TYPES))
+    if native not in tbx.data_types:
+        names = ", ".join(sorted(str(d) for d in tbx.data_types))
         raise ConfigError(
             f"Cannot write tensor summary {tag!r}: {array.dtype=} has no TensorBoard "
             f"type. Cast it to one of: {names}."
         )
-    shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=n) for n in array.shape])
+    shape = tbx.TensorShapeProto(dim=[tbx.TensorShapeProto.Dim(size=n) for n in array.shape])
     content = array.astype(native.newbyteorder("<"), copy=False).tobytes()
-    return TensorProto(dtype=_DATA_TYPES[native], tensor_shape=shape, tensor_content=content)
+    return tbx.TensorProto(dtype=tbx.data_types[native], tensor_shape=shape,
+                           tensor_content=content)
 
 
 class SummaryWriter:
@@ -134,14 +149,14 @@ class SummaryWriter:
             f"{os.getpid()}.{next(_COUNTER)}{filename_suffix}"
         )
         self.file_path = os.path.join(self.log_dir, name)
-        self._records = RecordWriter(self.file_path)
+        self._records = _tbx().RecordWriter(self.file_path)
         self._finalizer = weakref.finalize(self, self._records.close)
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
-        self._write(Event(wall_time=time.time(), file_version=FILE_VERSION), flush=True)
+        self._write(_tbx().Event(wall_time=time.time(), file_version=FILE_VERSION), flush=True)
 
     # ---- writing ------------------------------------------------------------------------
-    def _write(self, event: Event, *, flush: bool = False) -> None:
+    def _write(self, event: Any, *, flush: bool = False) -> None:
         with self._lock:
             if not self._finalizer.alive:
                 raise ConfigError(
@@ -162,9 +177,9 @@ class SummaryWriter:
         return tag
 
     @staticmethod
-    def _event(value: Summary.Value, step: int | None, walltime: float | None) -> Event:
+    def _event(value: Any, step: int | None, walltime: float | None) -> Any:
         wall = time.time() if walltime is None else walltime
-        event = Event(wall_time=wall, summary=Summary(value=[value]))
+        event = _tbx().Event(wall_time=wall, summary=_tbx().Summary(value=[value]))
         if step is not None:
             event.step = int(step)
         return event
@@ -181,7 +196,8 @@ class SummaryWriter:
         TensorBoard stores scalars as float32.
         """
         value = _as_float(self._check_tag(tag), scalar_value)
-        self._write(self._event(Summary.Value(tag=tag, simple_value=value), global_step, walltime))
+        value = _tbx().Summary.Value(tag=tag, simple_value=value)
+        self._write(self._event(value, global_step, walltime))
 
     def add_tensor(
         self,
@@ -195,7 +211,8 @@ class SummaryWriter:
         Every numeric numpy dtype is kept, bfloat16 included; strings and objects are not.
         """
         proto = _tensor_proto(self._check_tag(tag), _as_numpy(tensor))
-        self._write(self._event(Summary.Value(tag=tag, tensor=proto), global_step, walltime))
+        value = _tbx().Summary.Value(tag=tag, tensor=proto)
+        self._write(self._event(value, global_step, walltime))
 
     # ---- lifetime -----------------------------------------------------------------------
     def flush(self) -> None:
