@@ -216,7 +216,7 @@ def _sectioned_layout(cfg: _schema.ConfigV1) -> JobConfig:
 
 
 def _trainer_layout(trainer: _schema.TrainerV2) -> JobConfig:
-    init, fit, check = trainer.init, trainer.fit, trainer.validate
+    init, fit, check = trainer.init, trainer.fit, trainer.validate_
     prec, loop, backend = init.precision, init.loop, init.backend or _schema.BackendV2()
     where = "trainer.init"
     if not prec.enabled and prec.fp16_type is not None:

@@ -19,8 +19,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, PlainValidator, ValidationError,
-                      create_model, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator,
+                      ValidationError, create_model, model_validator)
 from pydantic_core import PydanticCustomError
 
 from .. import optim
@@ -79,6 +79,7 @@ def refused(reason: str) -> Any:
     def validate(value: Any) -> Any:
         raise PydanticCustomError("refused", reason)
 
+    validate.refused = True  # not listed among the keys a section takes
     return Annotated[Any, PlainValidator(validate)]
 
 
@@ -139,6 +140,10 @@ NonNegative = _expect("a number >= 0", lambda v: _number(v, ge=0))
 Integer = _expect("an integer", _integer)
 Count = _expect("an integer > 0", lambda v: _integer(v, ge=1))
 Count0 = _expect("an integer >= 0", lambda v: _integer(v, ge=0))
+Numbers = _expect(
+    "a list of numbers",
+    lambda v: tuple(_number(x) for x in _test(lambda v: isinstance(v, (list, tuple)))(v)),
+)
 Flag = _expect("true or false", _test(lambda v: isinstance(v, bool)))
 Text = _expect("a non-empty string", _test(lambda v: isinstance(v, str) and bool(v)))
 Mapping_ = _expect("a mapping", _test(lambda v: isinstance(v, Mapping)))
@@ -234,8 +239,9 @@ class LossScaling(Clipping):
         if given and self.loss_scaling_factor != "dynamic":
             raise PydanticCustomError(
                 "refused",
-                f"{', '.join(given)} set(s) dynamic loss scaling, but loss_scaling_factor "
-                f"is {self.loss_scaling_factor!r}; add loss_scaling_factor: dynamic",
+                f"{', '.join(given)} configure(s) dynamic loss scaling, but "
+                f"loss_scaling_factor is {_show(self.loss_scaling_factor)}; set "
+                "loss_scaling_factor: dynamic (or remove them)",
             )
         return self
 
@@ -400,7 +406,7 @@ class ValidateV2(Section):
 class TrainerV2(Section):
     init: InitV2
     fit: FitV2 | None = None
-    validate: ValidateV2 | None = None
+    validate_: ValidateV2 | None = Field(None, alias="validate")  # BaseModel has .validate
 
 
 class ConfigV2(Section):
@@ -428,6 +434,8 @@ def _hyperparameter_type(name: str, default: Any) -> Any:
         return Flag
     if isinstance(default, (int, float)):
         return Number
+    if isinstance(default, tuple) and all(isinstance(x, (int, float)) for x in default):
+        return Numbers
     return Any
 
 
@@ -469,7 +477,7 @@ def _message(model: type[BaseModel], error: Any, where: str) -> str:
     path, got = _path(loc, where), _show(error.get("input"))
     if kind == "extra_forbidden":
         parent = _model_at(model, loc[:-1])
-        keys = ", ".join(parent.model_fields) if parent else "other keys"
+        keys = ", ".join(_known_keys(parent)) if parent else "other keys"
         if not loc[:-1] and not where:
             return f"{path} is not a known top-level key; a config takes {keys}"
         return f"{path} is not a known key; {_path(loc[:-1], where)} takes {keys}"
@@ -482,6 +490,14 @@ def _message(model: type[BaseModel], error: Any, where: str) -> str:
     if kind == "refused":
         return f"{path}: {msg}"
     return f"{path}: {msg}, got {got}"
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    return [
+        field.alias or name
+        for name, field in model.model_fields.items()
+        if not any(getattr(getattr(m, "func", None), "refused", False) for m in field.metadata)
+    ]
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
