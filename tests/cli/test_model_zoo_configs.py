@@ -156,7 +156,7 @@ def test_trainer_layout_fits_and_evaluates(tmp_path):
     assert re.search(r"^eval loss \S+\s+\(4 steps\)", evaluated, re.M)  # loop.eval_steps
 
 
-@pytest.mark.parametrize("key, bound", [("max_gradient_norm", 1e-3), ("max_gradient_value", 1e-4)])
+@pytest.mark.parametrize("key, bound", [("max_gradient_norm", 1e-3), ("max_gradient_value", 1e-3)])
 def test_clipping_from_the_optimizer_section_is_in_the_step(tmp_path, key, bound):
     # One SGD step without momentum: the update is -lr * clip(gradient). The gradient is far
     # above the bound, so the update's global norm (or largest entry) is lr * bound.
@@ -168,7 +168,7 @@ def test_clipping_from_the_optimizer_section_is_in_the_step(tmp_path, key, bound
     after = jax.tree.leaves(cstorch.load(tmp_path / "run" / "checkpoint_1.mdl")["model"])
     delta = np.concatenate([(np.asarray(a) - np.asarray(b)).ravel() for a, b in zip(after, before)])
     size = np.linalg.norm(delta) if key == "max_gradient_norm" else np.abs(delta).max()
-    np.testing.assert_allclose(size, 0.1 * bound, rtol=1e-3)
+    np.testing.assert_allclose(size, 0.1 * bound, rtol=2e-3)  # float32 parameters
 
 
 # ---- refusals ------------------------------------------------------------------------------
