@@ -313,7 +313,9 @@ class _RunConfigV1(Section):
 RunConfigV1 = create_model(
     "RunConfigV1", __base__=_RunConfigV1, **{k: (Any, None) for k in CLUSTER_KEYS}
 )
-Metrics = Annotated[list[Metric], BeforeValidator(lambda v: [v] if isinstance(v, (str, Mapping)) else v)]
+Metrics = Annotated[
+    list[Metric], BeforeValidator(lambda v: [v] if isinstance(v, (str, Mapping)) else v)
+]
 
 
 class ConfigV1(Section):
