@@ -19,12 +19,15 @@ Log lines go to stdout. On a terminal, ``fit`` and ``eval`` draw a progress bar 
 stderr that stays below the log lines; off a terminal they print one progress summary
 line to stderr when the loop ends.
 
-The config (``configs/digits_mlp.yaml`` is an example)::
+The config reads either Model Zoo layout. The sectioned layout
+(``configs/digits_mlp.yaml`` is an example)::
 
     model:                          # factory(**other keys) -> nnx.Module, torch module, ...
       factory: examples.digits:mlp  # 'package.module:name' or 'path/to/file.py:name'
       loss: cross_entropy           # or 'module:fn', fn(outputs, targets) -> scalar
       hidden: 128
+      fp16_type: float16            # (optional) as runconfig.half_dtype;
+                                    #   mixed_precision: false computes in float32
     train_input:                    # input_fn(**other keys) -> iterable of (inputs, targets)
       input_fn: examples.digits:input_fn
       batch_size: 64
@@ -33,18 +36,54 @@ The config (``configs/digits_mlp.yaml`` is an example)::
       optimizer_type: SGD
       learning_rate: 0.05           # a number, or a schedule dict / list for
       momentum: 0.9                 #   cstorch.optim.configure_lr_scheduler
-    loss_scaling: {loss_scale: dynamic}   # cstorch.amp.GradScaler arguments (optional)
-    max_gradient_norm: 5.0          # or max_gradient_value (optional)
+      max_gradient_norm: 1.0        # or max_gradient_value: clipping in the step
+      loss_scaling_factor: dynamic  # or a number: cstorch.amp.GradScaler, with
+      initial_loss_scale: 32768     #   max_loss_scale, min_loss_scale, steps_per_increase
+    loss_scaling: {loss_scale: dynamic}   # or GradScaler's own arguments (not both)
+    max_gradient_norm: 5.0          # or here (not both)
     metrics: [accuracy]             # eval: accuracy, perplexity, fbeta_score, mean_iou, ...
     runconfig:
-      num_steps: 600                # total training steps
+      num_steps: 600                # total training steps (or max_steps, or num_epochs)
       checkpoint_steps: 200         # 0: only the last step
+      save_initial_checkpoint: false  # true: checkpoint_0.mdl before the first step
       log_steps: 50
+      seed: 1                       # see below
+      eval_steps: 9                 # eval: as eval_input.num_steps
+      precision_opt_level: 1        # recorded in the log; no effect on the emulation
       model_dir: ./model_dir
       compile_dir: ./model_dir/compile    # the default
       backend: CSX                  # CPU | GPU | CSX
       half_dtype: float16           # cstorch.amp.set_half_dtype (optional)
       num_csx: 1                    # and any other ClusterConfig field
+
+The ``trainer:`` layout holds the same job::
+
+    trainer:
+      init:
+        backend: {backend_type: CSX, cluster_config: {num_csx: 1}, compile_dir: ...}
+        model_dir: ./model_dir
+        seed: 1
+        model: {factory: examples.digits:mlp, hidden: 128}
+        optimizer: {SGD: {lr: 0.05, momentum: 0.9}}
+        schedulers: [{CosineDecayLR: {initial_learning_rate: 0.05, ...}}]
+        precision: {fp16_type: float16, loss_scaling_factor: dynamic,
+                    max_gradient_norm: 1.0, precision_opt_level: 1}   # enabled: false: float32
+        loop: {max_steps: 600, eval_steps: 9}       # or num_steps / num_epochs
+        checkpoint: {steps: 200, save_initial_checkpoint: false}
+        logging: {log_steps: 50}
+        metrics: [accuracy]
+      fit:
+        train_dataloader: {input_fn: examples.digits:input_fn, batch_size: 64}
+        val_dataloader: {input_fn: ..., split: test}   # what `cerebrax eval` evaluates
+        ckpt_path: ...                                 # optional: resume from it
+      validate: {val_dataloader: ..., ckpt_path: ...}  # optional, for `cerebrax eval`
+
+Every key is honoured or refused: an unknown key, or a Model Zoo key cerebrax cannot
+honour (``eval_frequency``: validation during fit is not built; ``model.name`` and
+``data_processor``: there is no registry; ``grad_accum_steps``, ``callbacks``, ...),
+is an error naming its key path. ``seed`` seeds Python's, numpy's and torch's
+generators and is passed as ``seed`` to a model factory or input function that takes
+one and whose section does not set it (JAX has no global generator).
 
 Exit status: 0 on success, 2 for a usage or config error (one message on stderr), 1
 for any other failure.

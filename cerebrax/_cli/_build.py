@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import inspect
 import os
+import random
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 from .. import amp, metrics, optim
 from ..models import compile as compile_model
 from ..backend import ClusterConfig, backend
-from ..data import DataLoader
+from ..data import DataLoader, compute_num_steps
+from ..data._progress import write
 from ..errors import ConfigError
 from ._config import METRICS, InputSpec, JobConfig
 
@@ -75,13 +80,70 @@ def _module_from_file(path: str) -> Any:
 
 
 def call(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> Any:
-    """``fn(**kwargs)``, a wrong keyword reported against the config key."""
+    """``fn(**kwargs)``, a keyword ``fn`` does not take reported against its config key."""
+    check_arguments(fn, kwargs, where)
     try:
         return fn(**kwargs)
     except TypeError as e:
         if "argument" not in str(e):
             raise
         raise ConfigError(f"{where}: {e}") from None
+
+
+def check_arguments(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> None:
+    """Raises naming ``where.key`` for a key of ``kwargs`` that ``fn`` does not take."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to check against: fn itself checks
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY)]
+    for key in kwargs:
+        if key not in takes:
+            name = getattr(fn, "__qualname__", type(fn).__name__)
+            raise ConfigError(
+                f"{where}.{key}: {name}() takes no argument {key!r}; it takes "
+                f"{', '.join(takes) or 'none'}. Remove the key or add the argument."
+            )
+
+
+def _with_seed(fn: Callable[..., Any], kwargs: dict[str, Any], seed: int | None) -> dict:
+    """``kwargs`` plus ``seed=seed`` when ``fn`` takes a ``seed`` the config left unset."""
+    if seed is None or "seed" in kwargs:
+        return kwargs
+    try:
+        takes_seed = "seed" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        takes_seed = False
+    return {**kwargs, "seed": seed} if takes_seed else kwargs
+
+
+def seed_generators(seed: int | None) -> None:
+    """Seeds Python's, numpy's and (when installed) torch's global generators.
+
+    JAX has no global generator: a model's initial parameters come from the keys its
+    factory makes, so the factories get ``seed`` as an argument (:func:`_with_seed`).
+    """
+    if seed is None:
+        return
+    random.seed(seed)
+    np.random.seed(seed)
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch.manual_seed(seed)
+
+
+def resolve_num_steps(job: JobConfig) -> JobConfig:
+    """``job`` with ``num_steps`` counted from ``num_epochs`` passes over the train data."""
+    run = job.run
+    if run.num_epochs is None:
+        return job
+    loader = build_loader(job.train_input, seed=run.seed)
+    steps = compute_num_steps(loader.source_length(), num_epochs=run.num_epochs)
+    write(f"[cerebrax] {run.num_epochs} epoch(s) of {job.train_input.where}: {steps} steps")
+    return dataclasses.replace(job, run=dataclasses.replace(run, num_steps=steps))
 
 
 # ---- the compile cache -----------------------------------------------------------------
@@ -119,6 +181,11 @@ def setup_compile_cache(directory: str) -> CacheCounter:
 def build_backend(job: JobConfig, *, compile_only: bool = False, validate_only: bool = False):
     """The process's backend; only a CSX backend takes the compile/validate-only flags."""
     run = job.run
+    if run.precision_opt_level is not None:
+        write(
+            f"[cerebrax] {run.where}.precision_opt_level: {run.precision_opt_level} (recorded "
+            "only: the emulated wafer computes in half_dtype, with no precision levels)"
+        )
     if run.half_dtype is not None:
         amp.set_half_dtype(run.half_dtype)
     artifact_dir = os.path.join(run.model_dir, "cerebras_logs")
@@ -136,12 +203,14 @@ def build_backend(job: JobConfig, *, compile_only: bool = False, validate_only: 
 
 def build_model(job: JobConfig, run_backend: Any):
     """``(compiled model, loss function)`` from the ``model`` section."""
-    factory = resolve(job.model_factory, "model.factory")
-    model = call(factory, job.model_kwargs, "model")
+    where = job.model_where
+    factory = resolve(job.model_factory, f"{where}.factory")
+    seed_generators(job.run.seed)
+    model = call(factory, _with_seed(factory, job.model_kwargs, job.run.seed), where)
     if job.loss == "cross_entropy":
         loss_fn = _cross_entropy
     else:
-        loss_fn = resolve(job.loss, "model.loss")
+        loss_fn = resolve(job.loss, f"{where}.loss")
     return compile_model(model, run_backend), loss_fn
 
 
@@ -153,20 +222,25 @@ def build_optimizer(job: JobConfig, compiled: Any):
     """``(optimizer, lr scheduler or None, grad scaler or None)``."""
     options = dict(job.optimizer)
     optimizer_type = options.pop("optimizer_type")
-    learning_rate = options.pop("learning_rate", options.pop("lr", None))
-    if isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool):
+    learning_rate = options.pop("learning_rate")
+    if isinstance(learning_rate, (int, float)):  # a schedule is the scheduler's
         options["learning_rate"] = learning_rate
+    where = job.optimizer_where
     try:
         optimizer = optim.configure_optimizer(optimizer_type, compiled.parameters(), **options)
     except ConfigError as e:
-        raise ConfigError(f"optimizer: {e}") from None
+        raise ConfigError(f"{where}: {e}") from None
     try:
         scheduler = optim.configure_lr_scheduler(optimizer, learning_rate)
     except ConfigError as e:
-        raise ConfigError(f"optimizer.learning_rate: {e}") from None
+        raise ConfigError(f"{where}.learning_rate: {e}") from None
     scaler = None
     if job.loss_scaling is not None:
-        scaler = call(amp.GradScaler, job.loss_scaling, "loss_scaling")
+        kwargs = {k: v for k, v in job.loss_scaling.items() if v is not None}
+        try:
+            scaler = amp.GradScaler(**kwargs)
+        except ConfigError as e:
+            raise ConfigError(f"{job.loss_scaling_where}: {e}") from None
     return optimizer, scheduler, scaler
 
 
@@ -181,12 +255,19 @@ def build_metrics(job: JobConfig) -> list[tuple[Any, str]]:
 
 
 # ---- data --------------------------------------------------------------------------------
-def build_loader(spec: InputSpec, *, num_steps: int | None = None, skip: int = 0) -> DataLoader:
-    """A DataLoader over ``spec.input_fn``; ``skip`` drops the first batches (resume)."""
+def build_loader(
+    spec: InputSpec, *, num_steps: int | None = None, skip: int = 0, seed: int | None = None
+) -> DataLoader:
+    """A DataLoader over ``spec.input_fn``; ``skip`` drops the first batches (resume).
+
+    ``seed`` (the run's) is passed to an ``input_fn`` that takes one its section left unset.
+    """
     input_fn = resolve(spec.input_fn, f"{spec.where}.input_fn")
+    kwargs = _with_seed(input_fn, spec.kwargs, seed)
+    check_arguments(input_fn, kwargs, spec.where)
     if skip:
         input_fn = _Skipping(input_fn, skip)
-    return DataLoader(input_fn, num_steps=num_steps, **spec.kwargs)
+    return DataLoader(input_fn, num_steps=num_steps, **kwargs)
 
 
 class _Skipping:

@@ -104,6 +104,7 @@ def _restore(state: Any, model: Any, pieces: tuple, path: str) -> int:
 
 # ---- fit ---------------------------------------------------------------------------------
 def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None) -> None:
+    job = _build.resolve_num_steps(job)  # num_epochs -> num_steps
     run = job.run
     os.makedirs(run.model_dir, exist_ok=True)
     backend = _build.build_backend(job)
@@ -127,7 +128,9 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
     # run then saves no loader state either, so its checkpoints resume the same way).
     data_state = state.get("dataloader") if state is not None else None
     skip = start if data_state is None else 0
-    loader = _build.build_loader(job.train_input, num_steps=remaining, skip=skip)
+    loader = _build.build_loader(
+        job.train_input, num_steps=remaining, skip=skip, seed=run.seed
+    )
     if data_state is not None:
         loader.load_state_dict(data_state)
 
@@ -148,8 +151,10 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
 
     @checkpoint_closure
     def save_checkpoint(step):
-        if not (step == run.num_steps or (every and step % every == 0)):
-            return
+        if step == run.num_steps or (every and step % every == 0):
+            write_checkpoint(step)
+
+    def write_checkpoint(step):
         state_dict = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         if scheduler is not None:
             state_dict["schedulers"] = [scheduler.state_dict()]
@@ -162,6 +167,8 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
         save(state_dict, path)
         write(f"saved {path}")
 
+    if run.save_initial_checkpoint and start == 0:
+        write_checkpoint(0)  # the initial weights, before the first step
     model.train()
     for batch in executor:
         if executor.is_initial_step:
@@ -215,7 +222,9 @@ def run_eval(job: JobConfig, checkpoint: str | None) -> None:
         + (f" (step {int(np.asarray(step))})" if step is not None else "")
     )
     step_fn = _evaluation_step(model, loss_fn, metrics, mean_loss)
-    loader = _build.build_loader(job.eval_input, num_steps=job.eval_input.num_steps)
+    loader = _build.build_loader(
+        job.eval_input, num_steps=job.eval_input.num_steps, seed=run.seed
+    )
     model.eval()
     steps = 0
     for batch in DataExecutor(loader):
@@ -251,7 +260,7 @@ def run_compile(job: JobConfig, *, mode: str, validate_only: bool) -> None:
         step_fn = _evaluation_step(model, loss_fn, metrics, cs_metrics.MeanMetric("loss"))
         spec = job.eval_input
         model.eval()
-    loader = _build.build_loader(spec, num_steps=1)
+    loader = _build.build_loader(spec, num_steps=1, seed=run.seed)
     name = step_fn.__name__
     for batch in DataExecutor(loader, num_steps=1, progress_bar=False):
         _build.check_batch(batch, spec)

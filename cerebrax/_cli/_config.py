@@ -1,8 +1,10 @@
-"""The `cerebrax` command's YAML config: reading, overrides, and validation.
+"""The `cerebrax` command's YAML config: reading, overrides, and the parsed job.
 
-A config is a Model-Zoo-style mapping. Every problem raises :class:`ConfigError` naming
-the key path (``runconfig.num_steps``, ``optimizer.optimizer_type``), so the command can
-print one line and exit with status 2.
+A config is a Model-Zoo-style mapping in one of two layouts (see :mod:`cerebrax.cli`);
+:mod:`._schema` validates it and :func:`parse` maps either layout onto one
+:class:`JobConfig`. Every problem raises :class:`ConfigError` naming the key path
+(``runconfig.num_steps``, ``trainer.init.optimizer``), so the command can print one
+message and exit with status 2.
 """
 
 from __future__ import annotations
@@ -10,16 +12,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
-from .._filters import is_strict_int
 from ..backend import ClusterConfig
 from ..errors import ConfigError
+from . import _schema
+from ._schema import METRICS
 
 __all__ = [
+    "METRICS",
     "InputSpec",
     "JobConfig",
     "MetricSpec",
@@ -31,44 +35,13 @@ __all__ = [
     "set_value",
 ]
 
-TOP_LEVEL_KEYS = (
-    "model",
-    "train_input",
-    "eval_input",
-    "optimizer",
-    "loss_scaling",
-    "max_gradient_norm",
-    "max_gradient_value",
-    "metrics",
-    "runconfig",
-)
-CLUSTER_KEYS = tuple(f.name for f in dataclasses.fields(ClusterConfig))
-RUNCONFIG_KEYS = (
-    "num_steps",
-    "checkpoint_steps",
-    "log_steps",
-    "model_dir",
-    "compile_dir",
-    "backend",
-    "half_dtype",
-    "checkpoint_path",
-) + CLUSTER_KEYS
-BACKENDS = ("CPU", "GPU", "CSX")
-HALF_DTYPES = ("float16", "bfloat16", "float32", "cbfloat16")
-# Metrics the eval loop knows how to feed: name -> (cstorch.metrics class, what it reads).
-METRICS = {
-    "accuracy": ("AccuracyMetric", "predictions"),
-    "fbeta_score": ("FBetaScoreMetric", "predictions"),
-    "mean_iou": ("MeanIOUMetric", "predictions"),
-    "mean_per_class_accuracy": ("MeanPerClassAccuracyMetric", "predictions"),
-    "dice_coefficient": ("DiceCoefficientMetric", "predictions"),
-    "perplexity": ("PerplexityMetric", "loss"),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    """One input section: ``input_fn`` (an import path) called with ``kwargs``."""
+    """One input section: ``input_fn`` (an import path) called with ``kwargs``.
+
+    ``where`` is the section's key path (``train_input``, ``trainer.fit.train_dataloader``).
+    """
 
     input_fn: str
     kwargs: dict[str, Any]
@@ -85,9 +58,19 @@ class MetricSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """The ``runconfig`` section, with defaults filled in."""
+    """How the run goes (``runconfig``, or ``trainer.init``), with defaults filled in.
+
+    ``num_steps`` is the total number of training steps (``max_steps`` in a Model Zoo
+    config); ``num_epochs`` replaces it when given. ``seed`` seeds Python's, numpy's and
+    torch's generators and is the ``seed`` argument of the model factory and input
+    functions that take one (unless their section gives it).
+    """
 
     num_steps: int | None
+    num_epochs: int | None
+    seed: int | None
+    save_initial_checkpoint: bool
+    precision_opt_level: int | None
     checkpoint_steps: int
     log_steps: int
     model_dir: str
@@ -96,6 +79,7 @@ class RunSpec:
     half_dtype: str | None
     checkpoint_path: str | None
     cluster: dict[str, Any]
+    where: str = "runconfig"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +97,10 @@ class JobConfig:
     max_gradient_value: float | None
     metrics: tuple[MetricSpec, ...]
     run: RunSpec
+    # Key paths of the sections, for the messages of errors found while building.
+    model_where: str = "model"
+    optimizer_where: str = "optimizer"
+    loss_scaling_where: str = "loss_scaling"
 
 
 # ---- reading ---------------------------------------------------------------------------
@@ -153,7 +141,13 @@ def apply_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[st
 
 
 def set_value(config: dict[str, Any], key: str, value: Any, item: str | None = None) -> None:
-    """Sets the dotted ``key`` of ``config`` to ``value``, creating mappings on the way."""
+    """Sets the dotted ``key`` of ``config`` to ``value``, creating mappings on the way.
+
+    In a ``trainer:`` config, ``runconfig.model_dir`` (``--model_dir``) sets
+    ``trainer.init.model_dir``.
+    """
+    if key == "runconfig.model_dir" and "trainer" in config and "runconfig" not in config:
+        key = "trainer.init.model_dir"
     parts = key.split(".")
     node = config
     for depth, part in enumerate(parts[:-1]):
@@ -169,198 +163,177 @@ def set_value(config: dict[str, Any], key: str, value: Any, item: str | None = N
     node[parts[-1]] = value
 
 
-# ---- checks ----------------------------------------------------------------------------
-def _mapping(value: Any, where: str, *, optional: bool = False) -> dict[str, Any]:
-    if value is None and optional:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} must be a mapping, got {_show(value)}")
-    for key in value:
-        if not isinstance(key, str):
-            raise ConfigError(f"{where} has a non-string key {key!r}")
-    return dict(value)
-
-
-def _int(value: Any, where: str, minimum: int) -> int:
-    if not is_strict_int(value) or value < minimum:
-        relation = f">= {minimum}" if minimum != 1 else "> 0"
-        raise ConfigError(f"{where} must be an integer {relation}, got {_show(value)}")
-    return value
-
-
-def _positive(value: Any, where: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{where} must be a number > 0, got {_show(value)}")
-    return float(value)
-
-
-def _string(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where} must be a non-empty string, got {_show(value)}")
-    return value
-
-
-def _import_path(value: Any, where: str) -> str:
-    text = _string(value, where)
-    module, sep, attr = text.partition(":")
-    if not sep or not module or not attr:
+# ---- the two layouts ------------------------------------------------------------------
+def parse(raw: dict[str, Any]) -> JobConfig:
+    """Validates a config mapping of either layout (see :mod:`cerebrax.cli`)."""
+    if "trainer" in raw:
+        return _trainer_layout(_schema.check(_schema.ConfigV2, raw).trainer)
+    if "model" not in raw:
         raise ConfigError(
-            f"{where} must be an import path 'package.module:name' (or "
-            f"'path/to/file.py:name'), got {text!r}"
+            "model is required: model: {factory: 'package.module:function'} (or give the "
+            "trainer: layout, with trainer.init.model)"
         )
-    return text
+    return _sectioned_layout(_schema.check(_schema.ConfigV1, raw))
 
 
-def _unknown(section: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    extra = [k for k in section if k not in allowed]
-    if extra:
-        raise ConfigError(
-            f"{where}.{extra[0]} is not a known key; {where} takes {', '.join(allowed)}"
-            if where
-            else f"{extra[0]} is not a known top-level key; a config takes {', '.join(allowed)}"
-        )
-
-
-def _show(value: Any) -> str:
-    """A value as the message shows it: numbers bare, anything else with its type."""
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value)
-    return f"{type(value).__name__} {value!r}"
-
-
-# ---- the sections ----------------------------------------------------------------------
-def _input(raw: Any, where: str) -> InputSpec | None:
-    if raw is None:
-        return None
-    section = _mapping(raw, where)
-    if "input_fn" not in section:
-        raise ConfigError(
-            f"{where}.input_fn is required: the import path of the function "
-            "that builds the batches, e.g. examples.digits:input_fn"
-        )
-    input_fn = _import_path(section.pop("input_fn"), f"{where}.input_fn")
-    num_steps = section.pop("num_steps", None)
-    if num_steps is not None:
-        num_steps = _int(num_steps, f"{where}.num_steps", 1)
-    if "batch_size" in section:
-        _int(section["batch_size"], f"{where}.batch_size", 1)
-    return InputSpec(input_fn, section, num_steps, where)
-
-
-def _optimizer(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    section = _mapping(raw, "optimizer")
-    _string(section.get("optimizer_type"), "optimizer.optimizer_type")
-    rate = section.get("learning_rate", section.get("lr"))
-    if rate is None or isinstance(rate, bool):
-        raise ConfigError(
-            "optimizer.learning_rate must be a number or a schedule such as "
-            "{scheduler: CosineDecay, initial_learning_rate: 0.05, end_learning_rate: "
-            f"0.0025, total_iters: 600}}, got {_show(rate)}"
-        )
-    return section
-
-
-def _metrics(raw: Any) -> tuple[MetricSpec, ...]:
-    if raw is None:
-        return ()
-    if isinstance(raw, (str, Mapping)):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise ConfigError(f"metrics must be a list of metric names, got {_show(raw)}")
-    specs, names = [], set()
-    for i, item in enumerate(raw):
-        where = f"metrics[{i}]"
-        if isinstance(item, str):
-            item = {"type": item}
-        item = _mapping(item, where)
-        kind = _string(item.pop("type", None), f"{where}.type")
-        kind = kind.lower().removesuffix("metric").rstrip("_")
-        if kind not in METRICS:
-            raise ConfigError(
-                f"{where}: unknown metric {kind!r}; known metrics: {', '.join(METRICS)}"
-            )
-        name = item.pop("name", kind)
-        if name in names:
-            raise ConfigError(f"{where}: a second metric named {name!r}; give it another name: ...")
-        names.add(name)
-        specs.append(MetricSpec(_string(name, f"{where}.name"), kind, item))
-    return tuple(specs)
-
-
-def _runconfig(raw: Any) -> RunSpec:
-    section = _mapping(raw, "runconfig", optional=True)
-    _unknown(section, RUNCONFIG_KEYS, "runconfig")
-    num_steps = section.get("num_steps")
-    if num_steps is not None:
-        num_steps = _int(num_steps, "runconfig.num_steps", 1)
-    backend = section.get("backend", "CSX")
-    if not isinstance(backend, str) or backend.upper() not in BACKENDS:
-        raise ConfigError(
-            f"runconfig.backend must be one of {', '.join(BACKENDS)}, got {_show(backend)}"
-        )
-    half = section.get("half_dtype")
-    if half is not None and half not in HALF_DTYPES:
-        raise ConfigError(
-            f"runconfig.half_dtype must be one of {', '.join(HALF_DTYPES)}, got {_show(half)}"
-        )
-    model_dir = _string(section.get("model_dir", "./model_dir"), "runconfig.model_dir")
-    compile_dir = section.get("compile_dir") or os.path.join(model_dir, "compile")
-    checkpoint_path = section.get("checkpoint_path")
-    if checkpoint_path is not None:
-        _string(checkpoint_path, "runconfig.checkpoint_path")
-    cluster = {k: section[k] for k in CLUSTER_KEYS if k in section}
-    try:
-        ClusterConfig(**cluster)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("ClusterConfig.", "runconfig.")) from None
-    return RunSpec(
-        num_steps=num_steps,
-        checkpoint_steps=_int(section.get("checkpoint_steps", 0), "runconfig.checkpoint_steps", 0),
-        log_steps=_int(section.get("log_steps", 1), "runconfig.log_steps", 1),
-        model_dir=model_dir,
-        compile_dir=_string(compile_dir, "runconfig.compile_dir"),
-        backend=backend.upper(),
-        half_dtype=half,
-        checkpoint_path=checkpoint_path,
-        cluster=cluster,
+def _sectioned_layout(cfg: _schema.ConfigV1) -> JobConfig:
+    run, opt, model = cfg.runconfig, cfg.optimizer, cfg.model
+    clip = opt or _schema.Clipping()
+    half = model.fp16_type if model.mixed_precision is not False else "float32"
+    if model.mixed_precision is False and model.fp16_type is not None:
+        raise ConfigError("model.mixed_precision: false computes in float32; remove "
+                          "model.fp16_type or set mixed_precision: true")
+    return JobConfig(
+        model_factory=model.factory,
+        model_kwargs=model.kwargs,
+        loss=model.loss,
+        train_input=_input(cfg.train_input, "train_input"),
+        eval_input=_input(cfg.eval_input, "eval_input", ("runconfig.eval_steps", run.eval_steps)),
+        optimizer=_optimizer_v1(opt) if opt else None,
+        loss_scaling=_one(
+            ("loss_scaling", cfg.loss_scaling and cfg.loss_scaling.model_dump(exclude_unset=True)),
+            ("optimizer.loss_scaling_factor", opt and opt.grad_scaler()),
+        ),
+        max_gradient_norm=_one(("max_gradient_norm", cfg.max_gradient_norm),
+                               ("optimizer.max_gradient_norm", clip.max_gradient_norm)),
+        max_gradient_value=_one(("max_gradient_value", cfg.max_gradient_value),
+                                ("optimizer.max_gradient_value", clip.max_gradient_value)),
+        metrics=_metrics(cfg.metrics, "metrics"),
+        run=_run_spec(
+            "runconfig",
+            run,
+            steps=(("runconfig.num_steps", run.num_steps), ("runconfig.max_steps", run.max_steps)),
+            half_dtype=_one(("runconfig.half_dtype", run.half_dtype), ("model.fp16_type", half)),
+            checkpoint_steps=run.checkpoint_steps,
+            save_initial_checkpoint=run.save_initial_checkpoint,
+            log_steps=run.log_steps,
+            backend=run.backend,
+            compile_dir=run.compile_dir,
+            checkpoint_path=run.checkpoint_path,
+            cluster={k: getattr(run, k) for k in _schema.CLUSTER_KEYS if k in run.model_fields_set},
+        ),
     )
 
 
-def parse(raw: Mapping[str, Any]) -> JobConfig:
-    """Validates a config mapping (see the module docstring of :mod:`cerebrax.cli`)."""
-    _unknown(raw, TOP_LEVEL_KEYS, "")
-    if "model" not in raw:
-        raise ConfigError("model is required: model: {factory: 'package.module:function'}")
-    model = _mapping(raw["model"], "model")
-    factory = _import_path(model.pop("factory", None), "model.factory")
-    loss = model.pop("loss", "cross_entropy")
-    if loss != "cross_entropy":
-        _import_path(loss, "model.loss")
-    loss_scaling = raw.get("loss_scaling")
-    if loss_scaling is not None:
-        loss_scaling = _mapping(loss_scaling, "loss_scaling")
-    norm = _positive(raw.get("max_gradient_norm"), "max_gradient_norm")
-    value = _positive(raw.get("max_gradient_value"), "max_gradient_value")
-    if norm is not None and value is not None:
-        raise ConfigError("max_gradient_norm and max_gradient_value are exclusive; give one")
+def _trainer_layout(trainer: _schema.TrainerV2) -> JobConfig:
+    init, fit, check = trainer.init, trainer.fit, trainer.validate_
+    prec, loop, backend = init.precision, init.loop, init.backend or _schema.BackendV2()
+    where = "trainer.init"
+    if not prec.enabled and prec.fp16_type is not None:
+        raise ConfigError(f"{where}.precision.enabled: false computes in float32; remove "
+                          f"{where}.precision.fp16_type or set enabled: true")
+    optimizer = None
+    if init.optimizer is not None:  # {NAME: {hyperparameters}}; schedulers set the rate
+        ((name, options),) = init.optimizer.items()
+        optimizer = _optimizer(name, dict(options), init.schedulers, f"{where}.optimizer.{name}")
+    val = ("trainer.validate.val_dataloader", check and check.val_dataloader)
     return JobConfig(
-        model_factory=factory,
-        model_kwargs=model,
-        loss=loss,
-        train_input=_input(raw.get("train_input"), "train_input"),
-        eval_input=_input(raw.get("eval_input"), "eval_input"),
-        optimizer=_optimizer(raw.get("optimizer")),
-        loss_scaling=loss_scaling,
-        max_gradient_norm=norm,
-        max_gradient_value=value,
-        metrics=_metrics(raw.get("metrics")),
-        run=_runconfig(raw.get("runconfig")),
+        model_factory=init.model.factory,
+        model_kwargs=init.model.kwargs,
+        loss=init.model.loss,
+        train_input=_input(fit and fit.train_dataloader, "trainer.fit.train_dataloader"),
+        eval_input=_input(
+            _one(("trainer.fit.val_dataloader", fit and fit.val_dataloader), val),
+            "trainer.validate.val_dataloader" if val[1] else "trainer.fit.val_dataloader",
+            (f"{where}.loop.eval_steps", loop.eval_steps),
+        ),
+        optimizer=optimizer,
+        loss_scaling=prec.grad_scaler(),
+        max_gradient_norm=prec.max_gradient_norm,
+        max_gradient_value=prec.max_gradient_value,
+        metrics=_metrics(init.metrics, f"{where}.metrics"),
+        run=_run_spec(
+            where,
+            loop,
+            steps=((f"{where}.loop.num_steps", loop.num_steps),
+                   (f"{where}.loop.max_steps", loop.max_steps)),
+            seed=init.seed,
+            model_dir=init.model_dir,
+            precision_opt_level=prec.precision_opt_level,
+            half_dtype=prec.fp16_type if prec.enabled else "float32",
+            checkpoint_steps=init.checkpoint.steps,
+            save_initial_checkpoint=init.checkpoint.save_initial_checkpoint,
+            log_steps=init.logging.log_steps,
+            backend=_one((f"{where}.device", init.device),
+                         (f"{where}.backend.backend_type",
+                          backend.backend_type if "backend_type" in backend.model_fields_set
+                          else None)),
+            compile_dir=backend.compile_dir,
+            checkpoint_path=_one(("trainer.fit.ckpt_path", fit and fit.ckpt_path),
+                                 ("trainer.validate.ckpt_path", check and check.ckpt_path)),
+            cluster=dict(backend.cluster_config or {}),
+            cluster_where=f"{where}.backend.cluster_config",
+        ),
+        model_where=f"{where}.model",
+        optimizer_where=f"{where}.optimizer",
+        loss_scaling_where=f"{where}.precision",
+    )
+
+
+# ---- pieces of both ----------------------------------------------------------------------
+def _one(*given: tuple[str, Any]) -> Any:
+    """The value of the keys that say the same thing; an error when two disagree."""
+    found = [(key, value) for key, value in given if value is not None]
+    if len({repr(value) for _, value in found}) > 1:
+        keys = " and ".join(f"{key} ({value!r})" for key, value in found)
+        raise ConfigError(f"{keys} set the same thing; give one of them")
+    return found[0][1] if found else None
+
+
+def _input(section: Any, where: str, steps: tuple[str, Any] = ("", None)) -> InputSpec | None:
+    if section is None:
+        return None
+    num_steps = _one((f"{where}.num_steps", section.num_steps), steps)
+    return InputSpec(section.input_fn, section.kwargs, num_steps, where)
+
+
+def _optimizer_v1(section: _schema.OptimizerV1) -> dict[str, Any]:
+    options = dict(section.model_extra or {})
+    for key, value in (section.optim_params or {}).items():
+        if key in options:
+            raise ConfigError(f"optimizer.{key} is given both directly and in optim_params")
+        options[key] = value
+    rate = _one(("optimizer.learning_rate", section.learning_rate), ("optimizer.lr", section.lr))
+    return _optimizer(section.optimizer_type, options, rate, "optimizer")
+
+
+def _optimizer(name: str, options: dict[str, Any], rate: Any, where: str) -> dict[str, Any]:
+    """``configure_optimizer``'s arguments; ``learning_rate``: a rate or schedule, or None."""
+    options = _schema.optimizer_options(name, options, where)
+    return {"optimizer_type": name, "learning_rate": rate, **options}
+
+
+def _metrics(items: list[_schema.Metric], where: str) -> tuple[MetricSpec, ...]:
+    specs = tuple(MetricSpec(m.name or m.type, m.type, m.kwargs) for m in items)
+    names = [spec.name for spec in specs]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{where}[{i}]: a second metric named {name!r}; give it "
+                              "another name: ...")
+    return specs
+
+
+def _run_spec(where: str, section: Any, *, steps: tuple, cluster: dict[str, Any],
+              cluster_where: str | None = None, **fields: Any) -> RunSpec:
+    num_steps = _one(*steps)
+    if num_steps is not None and section.num_epochs is not None:
+        raise ConfigError(f"{where}: give the number of steps ({steps[0][0]}) or "
+                          "num_epochs, not both")
+    cluster_where = cluster_where or where
+    try:
+        ClusterConfig(**cluster)
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(str(e).replace("ClusterConfig.", f"{cluster_where}.")) from None
+    fields.setdefault("seed", getattr(section, "seed", None))
+    fields.setdefault("model_dir", getattr(section, "model_dir", None))
+    fields.setdefault("precision_opt_level", getattr(section, "precision_opt_level", None))
+    return RunSpec(
+        num_steps=num_steps,
+        num_epochs=section.num_epochs,
+        cluster=cluster,
+        where=where,
+        **{**fields, "backend": fields["backend"] or "CSX",
+           "compile_dir": fields["compile_dir"] or os.path.join(fields["model_dir"], "compile")},
     )
 
 
@@ -368,13 +341,18 @@ def require(job: JobConfig, command: str, *, step: str = "train") -> None:
     """Checks that the sections ``command`` needs are present."""
     if command == "eval" or step == "eval":
         if job.eval_input is None:
-            raise ConfigError(f"`cerebrax {command}` needs an eval_input section")
+            raise ConfigError(f"`cerebrax {command}` needs an eval_input section "
+                              "(trainer.fit.val_dataloader in a trainer: config)")
         return
     if job.train_input is None:
-        raise ConfigError(f"`cerebrax {command}` needs a train_input section")
+        raise ConfigError(f"`cerebrax {command}` needs a train_input section "
+                          "(trainer.fit.train_dataloader in a trainer: config)")
     if job.optimizer is None:
-        raise ConfigError(f"`cerebrax {command}` needs an optimizer section")
-    if command == "fit" and job.run.num_steps is None:
+        raise ConfigError(f"`cerebrax {command}` needs an optimizer section "
+                          "(trainer.init.optimizer in a trainer: config)")
+    run = job.run
+    if command == "fit" and run.num_steps is None and run.num_epochs is None:
         raise ConfigError(
-            "runconfig.num_steps is required for `cerebrax fit`: the total number of training steps"
+            f"{run.where}.num_steps is required for `cerebrax fit`: the total number of "
+            f"training steps (or give {run.where}.max_steps or num_epochs)"
         )
