@@ -3,9 +3,10 @@
 A child process saves a 128 MiB checkpoint over a small one, synchronously or in the
 background, and is killed, either from inside (at a chosen step of the save; in the
 background, from the writer thread while the main thread goes on) or from outside (a
-few milliseconds after the save began). Afterwards the path holds the previous checkpoint, byte for byte, or (when the
-kill came after the rename) the complete new one; leftover temporary files are never
-taken for checkpoints and ``clean_temporary_files`` removes them.
+few milliseconds after the save began). Afterwards the path holds the previous
+checkpoint, byte for byte, or (when the kill came after the rename) the complete new
+one; leftover temporary files are never taken for checkpoints and
+``clean_temporary_files`` removes them.
 """
 
 from __future__ import annotations
