@@ -12,6 +12,7 @@ import numpy as np
 
 from cerebrax.errors import CheckpointError
 
+from ._background import WRITER
 from ._format import (
     CEREBRAX_VERSION_ATTR,
     DTYPE_ATTR,
@@ -48,6 +49,8 @@ def load(path: PathLike, map_location: str | None = None) -> Any:
     equally fast. A later :func:`save` to the same path does not disturb the lazy
     arrays: they keep reading the file they came from (on Windows, where that
     file cannot be replaced while open, the save reads them into memory first).
+    A background save to ``path`` that is still being written is waited for (its
+    error, if any, is left for :func:`wait` or the next save to raise).
 
     Args:
       path: The checkpoint file.
@@ -80,6 +83,7 @@ def load(path: PathLike, map_location: str | None = None) -> Any:
     """
     path = os.fspath(path)
     to_target = _target_converter(map_location)
+    WRITER.settle(path)  # a background save to this path finishes first
     file, version = _open_checkpoint(path)
     try:
         structure = _read_structure(file, path)

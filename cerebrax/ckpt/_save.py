@@ -19,6 +19,7 @@ import numpy as np
 from cerebrax.errors import CheckpointError
 
 from . import _lazy
+from ._background import WRITER, SaveHandle
 from ._flatten import Leaf, flatten, to_host
 from ._format import (
     BLOCK_BYTES,
@@ -39,6 +40,7 @@ from ._format import (
     text_digest,
 )
 from ._seal import write_seal
+from ._stage import BUFFERS, owned_host_arrays, start_host_copies
 
 # A file that is open cannot be replaced on Windows; elsewhere a reader keeps the old
 # file's data through its open handle while the name moves on to the new file.
@@ -52,7 +54,9 @@ _TEMP_NAME = re.compile(
 )
 
 
-def save(state_dict: dict | list | tuple, path: PathLike) -> None:
+def save(
+    state_dict: dict | list | tuple, path: PathLike, *, background: bool = False
+) -> SaveHandle | None:
     """Writes ``state_dict`` to an H5 checkpoint at ``path``, atomically.
 
     The tree is validated before anything touches the disk. The file is written
@@ -61,6 +65,15 @@ def save(state_dict: dict | list | tuple, path: PathLike) -> None:
     mid-save leaves any previous file at ``path`` as it was. A save that fails
     with an exception removes its temporary file; a killed one may leave it
     behind, and :func:`clean_temporary_files` removes it.
+
+    With ``background=True`` the arrays are copied to host memory before ``save``
+    returns, so the step that follows may change them in place or donate their
+    buffers: the checkpoint holds the values at the call. Writing, sealing,
+    flushing and renaming the file then run in a background thread, with the same
+    atomicity. At most one background save is pending: every save first waits for
+    it, and so do :func:`wait`, :func:`load` of the same path and the end of the
+    program. Its host copies take as much host memory as the arrays; their
+    buffers are kept and reused by the next background save.
 
     Arrays loaded lazily from the file at ``path`` keep reading the old data after
     it is replaced (on Windows, where an open file cannot be replaced, they are
@@ -72,20 +85,47 @@ def save(state_dict: dict | list | tuple, path: PathLike) -> None:
         ``int``/``float``/``bool``/``str``/``None``. Dict, list and tuple
         subclasses (``OrderedDict``, named tuples) are saved as their base type.
       path: Where to write. Its directory must exist.
+      background: Write the file in a background thread and return a handle to
+        wait on, instead of writing it before returning (the default, as in
+        ``torch.save``).
+
+    Returns:
+      None, or with ``background=True`` a :class:`SaveHandle` whose ``wait()``
+      blocks until the file is in place and raises the write's error, if any.
 
     Raises:
       CheckpointError: An unsupported key, leaf or dtype (nothing is written),
-        a missing directory, or an OS error while writing.
+        a missing directory, or an OS error while writing. A background write's
+        error is raised later instead: by its handle's ``wait()``, by
+        :func:`wait`, by the next save (which then saves nothing) or at exit;
+        once, by whichever comes first (the handle raises it on every call).
 
     Example:
       >>> import numpy as np, cerebrax.ckpt as ckpt
       >>> ckpt.save({"model": {"w": np.ones(2)}, "step": 3}, "/tmp/doc.h5")
       >>> ckpt.load("/tmp/doc.h5")["step"]
       3
+      >>> handle = ckpt.save({"step": 4}, "/tmp/doc.h5", background=True)
+      >>> handle.wait()
+      >>> ckpt.load("/tmp/doc.h5")["step"]
+      4
     """
     target = os.path.abspath(os.fspath(path))
     structure, leaves = flatten(state_dict)
-    atomic_write(target, lambda temp: _write_file(temp, structure, leaves))
+    _existing_directory(target)
+    WRITER.wait()  # the previous background save first; raises its error
+    if not background:
+        start_host_copies(leaves)  # each leaf is waited for as it is written
+        arrays = [None] * len(leaves)
+        atomic_write(target, lambda temp: _write_file(temp, structure, leaves, arrays))
+        return None
+    arrays = owned_host_arrays(leaves)  # device -> host copies: a sync point
+
+    def write() -> None:
+        atomic_write(target, lambda temp: _write_file(temp, structure, leaves, arrays))
+        BUFFERS.give_back(arrays)
+
+    return WRITER.submit(target, write)
 
 
 def atomic_write(target: str, write: Callable[[str], None]) -> None:
@@ -202,7 +242,8 @@ def _existing_directory(target: str) -> str:
     return directory
 
 
-def _write_file(temp: str, structure: dict, leaves: list[Leaf]) -> None:
+def _write_file(temp: str, structure: dict, leaves: list[Leaf],
+                arrays: list[np.ndarray | None]) -> None:
     # libver >= v1.8 gives dense attribute storage, so a large __structure__ fits.
     # No file lock: nobody else opens a fresh temporary name, and locks fail on some
     # network file systems.
@@ -210,7 +251,7 @@ def _write_file(temp: str, structure: dict, leaves: list[Leaf]) -> None:
         file.attrs[VERSION_ATTR] = FORMAT_VERSION
         file.attrs[CEREBRAX_VERSION_ATTR] = cerebrax_version()
         fd = file.id.get_vfd_handle() if RAW_WRITES else -1
-        ranges = [_write_leaf(file, fd, leaf) for leaf in leaves]
+        ranges = [_write_leaf(file, fd, leaf, array) for leaf, array in zip(leaves, arrays)]
         header = json.dumps(structure)  # complete now: every digest is in
         file.attrs[STRUCTURE_ATTR] = header
         file.attrs[STRUCTURE_DIGEST_ATTR] = text_digest(header)
@@ -218,12 +259,15 @@ def _write_file(temp: str, structure: dict, leaves: list[Leaf]) -> None:
     write_seal(temp, FORMAT_VERSION, [r for r in ranges if r is not None])
 
 
-def _write_leaf(file: h5py.File, fd: int, leaf: Leaf) -> tuple[int, int] | None:
+def _write_leaf(file: h5py.File, fd: int, leaf: Leaf,
+                array: np.ndarray | None) -> tuple[int, int] | None:
     """Writes one array leaf as a root-level dataset and records its digest.
 
-    Returns the ``(offset, length)`` of the bytes it wrote itself, if any.
+    ``array`` is its host value, or None to convert it now. Returns the
+    ``(offset, length)`` of the bytes it wrote itself, if any.
     """
-    array = to_host(leaf)
+    if array is None:
+        array = to_host(leaf)  # device -> host copy, or a read of a lazy array
     stored = array.view(np.uint16) if leaf.node["dtype"] == "bfloat16" else array
     dataset = file.create_dataset(leaf.name, shape=stored.shape, dtype=stored.dtype,
                                   dcpl=_contiguous_layout())

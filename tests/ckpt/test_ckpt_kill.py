@@ -1,10 +1,12 @@
 """A save killed with SIGKILL never costs the previous checkpoint at the same path.
 
-A child process saves a 128 MiB checkpoint over a small one and is killed, either from
-inside (at a chosen step of the save) or from outside (a few milliseconds after the save
-began). Afterwards the path holds the previous checkpoint, byte for byte, or (when the
-kill came after the rename) the complete new one; leftover temporary files are never
-taken for checkpoints and ``clean_temporary_files`` removes them.
+A child process saves a 128 MiB checkpoint over a small one, synchronously or in the
+background, and is killed, either from inside (at a chosen step of the save; in the
+background, from the writer thread while the main thread goes on) or from outside (a
+few milliseconds after the save began). Afterwards the path holds the previous
+checkpoint, byte for byte, or (when the kill came after the rename) the complete new
+one; leftover temporary files are never taken for checkpoints and
+``clean_temporary_files`` removes them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 import cerebrax.ckpt as ckpt
 from cerebrax.ckpt import _save
 
-path, mode = sys.argv[1], sys.argv[2]
+path, mode, background = sys.argv[1], sys.argv[2], sys.argv[3] == "background"
 state = {f"layer{i}": np.full(1 << 19, i, np.float32) for i in range(LAYERS)}
 state["step"] = 2
 
@@ -59,7 +61,12 @@ elif kind == "replace":  # flushed, not yet renamed
 elif kind == "renamed":  # renamed, the directory not yet flushed
     _save._fsync_directory = die
 print("saving", flush=True)
-ckpt.save(state, path)
+if background:  # the main thread goes on while the writer thread is killed
+    handle = ckpt.save(state, path, background=True)
+    state["layer0"][:] = -1  # changed after the call: not what is saved
+    handle.wait()
+else:
+    ckpt.save(state, path)
 print("saved", flush=True)
 """.replace("LAYERS", str(LAYERS))
 
@@ -84,8 +91,8 @@ def _is_previous(path: Path, digest: str) -> bool:
         tree["layer0"], _PREVIOUS["layer0"])
 
 
-def _run_child(path: Path, mode: str) -> int:
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode], cwd=ROOT,
+def _run_child(path: Path, mode: str, how: str) -> int:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), mode, how], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline() == "saving\n", child.stderr.read()
@@ -98,17 +105,24 @@ def _run_child(path: Path, mode: str) -> int:
         child.communicate()
 
 
+_MODES = ["leaves:0", "leaves:31", "seal", "fsync", "replace", "renamed",
+          "after_ms:5", "after_ms:20", "after_ms:60", "after_ms:150"]
+# A background save runs the same steps in its writer thread: a few of them suffice.
+_BACKGROUND_MODES = ["leaves:31", "seal", "replace", "renamed", "after_ms:20", "after_ms:150"]
+
+
 @pytest.mark.parametrize(
-    "mode",
-    ["leaves:0", "leaves:31", "seal", "fsync", "replace", "renamed",
-     "after_ms:5", "after_ms:20", "after_ms:60", "after_ms:150"],
+    ("mode", "how"),
+    [(mode, "sync") for mode in _MODES]
+    + [(mode, "background") for mode in _BACKGROUND_MODES],
 )
-def test_killed_save_keeps_the_previous_checkpoint(tmp_path: Path, mode: str) -> None:
+def test_killed_save_keeps_the_previous_checkpoint(tmp_path: Path, mode: str,
+                                                   how: str) -> None:
     path = tmp_path / "checkpoint.h5"
     ckpt.save(_PREVIOUS, path)
     before = _digest(path)
 
-    returncode = _run_child(path, mode)
+    returncode = _run_child(path, mode, how)
 
     if not mode.startswith("after_ms:"):
         assert returncode == -signal.SIGKILL

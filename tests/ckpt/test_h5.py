@@ -372,11 +372,11 @@ def _fail_after_first_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
     original = _save._write_leaf
     written: list[str] = []
 
-    def flaky(file: h5py.File, fd: int, leaf: Any) -> Any:
+    def flaky(file: h5py.File, fd: int, leaf: Any, array: Any) -> Any:
         if written:
             raise RuntimeError("simulated crash mid-save")
         written.append(leaf.name)
-        return original(file, fd, leaf)
+        return original(file, fd, leaf, array)
 
     monkeypatch.setattr(_save, "_write_leaf", flaky)
 
