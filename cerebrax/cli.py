@@ -85,14 +85,21 @@ is an error naming its key path. ``seed`` seeds Python's, numpy's and torch's
 generators and is passed as ``seed`` to a model factory or input function that takes
 one and whose section does not set it (JAX has no global generator).
 
-Exit status: 0 on success, 2 for a usage or config error (one message on stderr), 1
-for any other failure.
+Errors: a usage or config error, a missing, damaged or mismatched checkpoint, an
+unwritable ``model_dir`` or a full disk prints one message on stderr (what failed, where,
+the fix) and no traceback; ``--debug`` prints the traceback too. Ctrl-C during ``fit``
+prints where the last checkpoint is.
+
+Exit status: 0 on success, 2 for a usage or config error, 130 after Ctrl-C, 1 for any
+other failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
+import traceback
 from collections.abc import Sequence
 
 __all__ = ["main"]
@@ -131,12 +138,48 @@ def _parser() -> argparse.ArgumentParser:
             "--model_dir", "--model-dir", metavar="DIR", help="overrides runconfig.model_dir"
         )
         sub.add_argument(
+            "--debug", action="store_true", help="print the traceback of an error too"
+        )
+        sub.add_argument(
             "overrides",
             nargs="*",
             metavar="key.path=value",
             help="config overrides, e.g. runconfig.num_steps=100",
         )
     return parser
+
+
+class _Interrupted(Exception):
+    """Ctrl-C, with what the user needs to know to go on."""
+
+
+# The fix for an operating-system error, by its errno.
+_OS_FIXES = {
+    errno.ENOSPC: "The disk is full: free space, or point --model_dir at a disk with room.",
+    errno.EDQUOT: "The disk quota is used up: free space, or point --model_dir elsewhere.",
+    errno.EFBIG: "A file size limit was hit (ulimit -f): raise it, or write elsewhere.",
+    errno.EACCES: "Make the directory writable, or choose another with --model_dir.",
+    errno.EPERM: "Make the directory writable, or choose another with --model_dir.",
+    errno.EROFS: "The file system is read-only: choose another directory with --model_dir.",
+    errno.ENOTDIR: "A file stands where a directory is expected: move it, or choose "
+    "another path.",
+    errno.EEXIST: "A file stands where a directory is expected: move it, or choose "
+    "another path.",
+}
+
+
+def _message(error: BaseException) -> str:
+    """One message for ``error``: its text and, for a failed file operation, the fix."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f": {error.filename!r}" if error.filename is not None else ""
+        text = f"{error.strerror}{where}."
+    else:
+        text = str(error)
+    cause = error if isinstance(error, OSError) else error.__cause__
+    fix = _OS_FIXES.get(getattr(cause, "errno", None)) if isinstance(cause, OSError) else None
+    if not fix or fix in text:
+        return text
+    return f"{text}{' ' if text.endswith('.') else '. '}{fix}"
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -149,10 +192,15 @@ def _run(args: argparse.Namespace) -> None:
     mode = getattr(args, "mode", "train")
     _config.require(job, args.command, step=mode)
     _build.add_python_paths(job, args.config)
+    if args.command == "fit":
+        _commands.make_model_dir(job.run.model_dir)  # before compile_dir, often inside it
     counter = _build.setup_compile_cache(job.run.compile_dir)
     checkpoint = getattr(args, "checkpoint", None) or job.run.checkpoint_path
     if args.command == "fit":
-        _commands.run_fit(job, counter, checkpoint)
+        try:
+            _commands.run_fit(job, counter, checkpoint)
+        except KeyboardInterrupt as e:
+            raise _Interrupted(_commands.interrupted(job.run.model_dir)) from e
     elif args.command == "eval":
         _commands.run_eval(job, checkpoint)
     else:
@@ -168,11 +216,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if strays:
         parser.error(f"unrecognized arguments: {' '.join(strays)}")
     args.overrides = list(args.overrides) + extra
-    from .errors import ConfigError
+    from .errors import CerebraxError, ConfigError
 
     try:
         _run(args)
-    except ConfigError as e:
-        print(f"cerebrax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except (CerebraxError, OSError, KeyboardInterrupt, _Interrupted) as e:
+        # Any other exception is a bug or the user's own code failing: its traceback
+        # shows where, so it propagates (exit status 1).
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(e, (KeyboardInterrupt, _Interrupted)):
+            print(f"cerebrax {args.command}: {str(e) or 'interrupted.'}", file=sys.stderr)
+            return 130
+        print(f"cerebrax {args.command}: error: {_message(e)}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
     return 0

@@ -69,6 +69,11 @@ Fix: give every batch the same shape: pass drop_last=True to the torch DataLoade
 pad the last batch. For debugging only, cstorch.backend("CPU", allow_recompile=True)
 lets the step compile again."""
 
+MSG_PYTHON_LIST = """.
+A Python list or tuple is structure, not data: each item is a separate input, and a
+Python number in it is a constant of the graph. Make the batch arrays instead, e.g.
+np.asarray(inputs) or np.stack(list_of_samples)"""
+
 _READ_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
@@ -142,13 +147,17 @@ class TracedStep:
         old_def, old_statics, old_shapes, _ = self._key
         new_def, new_statics, new_shapes, _ = new_key
         name = self.__name__
-        if old_def != new_def:
-            return RecompileError(
-                MSG_RECOMPILE.format(
-                    name=name, what=f"inputs with structure {old_def}",
-                    new=f"inputs with structure {new_def}",
-                )
-            )
+        if old_def != new_def:  # name the first differing node, not the whole tree
+            keys, old, new = _first_difference(old_def, new_def)
+            arg = "the step's arguments"
+            if len(keys) >= 2:
+                params = list(self._signature_of.parameters)
+                first = params[keys[1]] if keys[0] == 0 and keys[1] < len(params) else keys[1]
+                arg = f"argument `{first}{''.join(f'[{k!r}]' for k in keys[2:])}`"
+                if old.startswith(("a list", "a tuple")):
+                    new += MSG_PYTHON_LIST
+            return RecompileError(MSG_RECOMPILE.format(name=name, what=f"{arg} as {old}",
+                                                       new=new))
         paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
             (args, kwargs), is_leaf=is_torch_tensor)[0]]
         dyn_index = 0
@@ -165,11 +174,13 @@ class TracedStep:
                         new=f"shape {new[0]} {new[1]}",
                     ))
             elif not _same_static(old_static, new_static):
+                in_list = any(isinstance(k, jax.tree_util.SequenceKey) for k in path[2:])
                 return RecompileError(MSG_RECOMPILE.format(
                     name=name,
                     what=f"argument `{arg}` = {old_static!r} (a Python value is part of "
                     "the graph)",
-                    new=f"{new_static!r}; pass values that change as arrays",
+                    new=f"{new_static!r}; pass values that change as arrays"
+                    + (MSG_PYTHON_LIST if in_list else ""),
                 ))
         return RecompileError(MSG_RECOMPILE.format(name=name, what="other inputs", new="new ones"))
 
@@ -378,6 +389,31 @@ def _match_dtype(new: Any, old: Any) -> Any:
     if jax.dtypes.issubdtype(old.dtype, jax.dtypes.prng_key):
         return new
     return jax.lax.convert_element_type(new, old.dtype)
+
+
+def _first_difference(old: Any, new: Any, keys: tuple = ()) -> tuple[tuple, str, str]:
+    """``(keys, old, new)``: where two input structures (PyTreeDefs) first differ."""
+    if old.node_data() == new.node_data() and len(old.children()) == len(new.children()):
+        data = old.node_data()
+        names = data[1] if data is not None and data[0] is dict else range(len(old.children()))
+        for key, a, b in zip(names, old.children(), new.children()):
+            if a != b:
+                return _first_difference(a, b, (*keys, key))
+    return keys, _describe(old), _describe(new)
+
+
+def _describe(treedef: Any) -> str:
+    """A short description of a pytree node, e.g. ``a list of 64 items``."""
+    data = treedef.node_data()
+    if data is None:
+        return "one leaf (an array or a Python value)"
+    kind, aux = data
+    if kind in (list, tuple):
+        n = len(treedef.children())
+        return f"a {kind.__name__} of {n} item{'' if n == 1 else 's'}"
+    if kind is dict:
+        return f"a dict with keys {list(aux)}"
+    return "None" if kind is type(None) else f"a {kind.__name__}"
 
 
 def _same_static(a: Any, b: Any) -> bool:

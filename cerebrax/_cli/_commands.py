@@ -6,7 +6,9 @@ import glob
 import math
 import os
 import re
+import tempfile
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -19,7 +21,7 @@ from ..amp import optimizer_step
 from ..ckpt import load, save
 from ..data import DataExecutor
 from ..data._progress import write
-from ..errors import ConfigError
+from ..errors import CerebraxError, CheckpointError, ConfigError, StateError
 from ..trace import trace, write_artifacts
 from . import _build
 from ._config import InputSpec, JobConfig
@@ -27,6 +29,21 @@ from ._config import InputSpec, JobConfig
 __all__ = ["run_compile", "run_eval", "run_fit"]
 
 CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)\.mdl$")
+
+MSG_NO_MODEL = """\
+{path!r} holds no model state: its top-level keys are {keys}. The command loads
+checkpoints written by `cerebrax fit`, or by a loop that saves
+{{"model": model.state_dict(), "optimizer": optimizer.state_dict(), ...}}."""
+
+MSG_OTHER_MODEL = """\
+{path!r} was written by another model than this config builds: {error}
+Run with the model section it was trained with (e.g. the same model.hidden), or
+train from scratch without --checkpoint."""
+
+MSG_OTHER_OPTIMIZER = """\
+{path!r} holds {part} state that does not fit this config's: {error}
+Run with the optimizer section it was trained with, or train from scratch without
+--checkpoint."""
 
 
 def _fmt(value: Any) -> str:
@@ -84,18 +101,68 @@ def latest_checkpoint(model_dir: str) -> str | None:
     return max(found)[1] if found else None
 
 
-def _restore(state: Any, model: Any, pieces: tuple, path: str) -> int:
-    optimizer, scheduler, scaler = pieces
-    model.load_state_dict(state["model"])
-    if "optimizer" in state:
-        optimizer.load_state_dict(state["optimizer"])
-    schedulers = state.get("schedulers") or (
-        [state["lr_scheduler"]] if "lr_scheduler" in state else []
+def make_model_dir(path: str) -> None:
+    """Creates ``model_dir`` and writes a file into it: an unwritable directory fails
+    now, not at the first checkpoint."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise CheckpointError(
+            f"runconfig.model_dir {path!r} is not a writable directory ({e.strerror})."
+        ) from e
+
+
+def interrupted(model_dir: str) -> str:
+    """What Ctrl-C during ``fit`` prints: where the last complete checkpoint is."""
+    path = latest_checkpoint(model_dir)  # saves are atomic: a listed file is complete
+    if path is None:
+        return f"interrupted before the first checkpoint: none in {model_dir!r} yet."
+    return (
+        f"interrupted. The last checkpoint is {path}: to resume, run the same command "
+        f"with --checkpoint {path}"
     )
-    if scheduler is not None and schedulers:
-        scheduler.load_state_dict(schedulers[0])
-    if scaler is not None and state.get("grad_scaler"):
-        scaler.load_state_dict(state["grad_scaler"])
+
+
+def _load_model(model: Any, path: str) -> Mapping[str, Any]:
+    """The checkpoint at ``path``, its ``model`` entry loaded into ``model``."""
+    try:
+        state = load(path)
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"{e} Pass a checkpoint_<step>.mdl that `cerebrax fit` wrote with --checkpoint."
+        ) from e.__cause__
+    if not isinstance(state, Mapping) or "model" not in state:
+        keys = sorted(state) if isinstance(state, Mapping) else f"none (a {type(state).__name__})"
+        raise CheckpointError(MSG_NO_MODEL.format(path=path, keys=keys))
+    try:
+        model.load_state_dict(state["model"])
+    except StateError as e:
+        error = str(e).removesuffix(" Pass strict=False to load the keys that match.")
+        raise CheckpointError(MSG_OTHER_MODEL.format(path=path, error=error)) from None
+    return state
+
+
+def _restore(state: Mapping[str, Any], pieces: tuple, path: str) -> int:
+    optimizer, scheduler, scaler = pieces
+    part = "optimizer"
+    try:
+        if "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+        part = "learning rate scheduler"
+        schedulers = state.get("schedulers") or (
+            [state["lr_scheduler"]] if "lr_scheduler" in state else []
+        )
+        if scheduler is not None and schedulers:
+            scheduler.load_state_dict(schedulers[0])
+        part = "loss scaling"
+        if scaler is not None and state.get("grad_scaler"):
+            scaler.load_state_dict(state["grad_scaler"])
+    except (CerebraxError, KeyError, ValueError) as e:
+        raise CheckpointError(
+            MSG_OTHER_OPTIMIZER.format(path=path, part=part, error=e)
+        ) from None
     step = state.get("global_step", 0)
     step = int(np.asarray(step))
     write(f"[cerebrax] resumed from {path} at step {step}")
@@ -115,8 +182,8 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
 
     start, state = 0, None
     if checkpoint is not None:
-        state = load(checkpoint)
-        start = _restore(state, model, pieces, checkpoint)
+        state = _load_model(model, checkpoint)
+        start = _restore(state, pieces, checkpoint)
     remaining = run.num_steps - start
     if remaining < 1:
         raise ConfigError(
@@ -214,8 +281,7 @@ def run_eval(job: JobConfig, checkpoint: str | None) -> None:
     model, loss_fn = _build.build_model(job, backend)
     metrics = _build.build_metrics(job)
     mean_loss = cs_metrics.MeanMetric("loss")
-    state = load(path)
-    model.load_state_dict(state["model"])
+    state = _load_model(model, path)
     step = state.get("global_step")
     write(
         f"[cerebrax] evaluating {path}"
