@@ -50,9 +50,10 @@ def _torch_adapter(model: Any) -> ModelAdapter:
     except ImportError as e:
         raise ConfigError(
             f"cstorch.compile() got a torch.nn.Module ({type(model).__name__}), which needs "
-            "the torch bridge (package `torch_bridge`, installed with the `torch` extra). "
-            "It is not available in this installation. Meanwhile wrap a JAX function with "
-            "cstorch.FunctionalModel or pass a flax.nnx.Module."
+            "the torch bridge (package `torch_bridge`, installed with the `torch` extra), "
+            f"which could not be imported ({e}). Install it with pip install "
+            "\"cerebrax[torch]\", or wrap a JAX function with cstorch.FunctionalModel or "
+            "pass a flax.nnx.Module."
         ) from e
     return TorchModelAdapter(model)
 
