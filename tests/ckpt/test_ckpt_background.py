@@ -157,11 +157,16 @@ def test_load_of_the_path_being_written_waits_for_it(
     assert ckpt.load(path)["n"] == 2
 
 
-def _failing_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+def _failing_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Every leaf write fails from now on; the event is set once one has failed."""
+    failed = threading.Event()
+
     def fail(*args: Any) -> None:
+        failed.set()
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(_save, "_write_leaf", fail)
+    return failed
 
 
 def test_write_error_is_raised_by_wait_and_keeps_the_previous_file(
@@ -182,8 +187,9 @@ def test_write_error_is_raised_by_wait_and_keeps_the_previous_file(
 def test_write_error_is_raised_by_the_next_save_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _failing_writes(monkeypatch)
+    failed = _failing_writes(monkeypatch)
     ckpt.save({"w": np.ones(2)}, tmp_path / "a.h5", background=True)
+    assert failed.wait(timeout=60)  # the writer thread has met the failing write
     monkeypatch.undo()
     with pytest.raises(CheckpointError, match=r"background save .*a\.h5.*failed"):
         ckpt.save({"n": 2}, tmp_path / "b.h5")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import resource
 import shutil
 import signal
 import subprocess
@@ -72,15 +71,19 @@ def stacked_loss(logits, labels):
 '''
 
 
-def _fit(*args, cwd, compile_dir, preexec_fn=None) -> subprocess.CompletedProcess:
+def _fit(*args, cwd, compile_dir, file_size_limit=None) -> subprocess.CompletedProcess:
+    command = _command(*args, compile_dir=compile_dir)
+    if file_size_limit is not None:
+        # The shell sets the limit, then becomes the command: no Python runs between fork
+        # and exec in this (multithreaded) test process.
+        command = ["sh", "-c", f'ulimit -f {file_size_limit} && exec "$@"', "sh", *command]
     return subprocess.run(
-        _command(*args, compile_dir=compile_dir),
+        command,
         capture_output=True,
         text=True,
         timeout=180,
         cwd=cwd,
         env=_env(),
-        preexec_fn=preexec_fn,
     )
 
 
@@ -211,18 +214,15 @@ def test_file_where_model_dir_should_be(trained, tmp_path):
     _assert_one_message(out, str(model_dir), "Not a directory", "A file stands where")
 
 
-def _no_file_writes() -> None:
-    # Every write to a file fails (EFBIG) as on a full disk; pipes still work.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-
-
 def test_full_disk_at_the_first_checkpoint(trained, tmp_path):
     # The compile cache is warm (the same programs, the same compile_dir: a copy would
     # be another cache key), so the run writes nothing there, and its first file write
     # is the checkpoint's.
     _, compile_dir = trained
+    # A file size limit of 0: every write to a file fails (EFBIG) as on a full disk;
+    # pipes still work.
     out = _fit("--model_dir", tmp_path / "run", cwd=tmp_path, compile_dir=compile_dir,
-               preexec_fn=_no_file_writes)  # fmt: skip
+               file_size_limit=0)
     _assert_one_message(out, str(tmp_path / "run" / "checkpoint_10.mdl"), "File too large")
     assert f"step {NUM_STEPS:6d}" in out.stdout  # it trained, then could not save
     assert not list((tmp_path / "run").iterdir())  # and left no partial file
