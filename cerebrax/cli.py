@@ -1,16 +1,34 @@
 """The ``cerebrax`` command: run a Model-Zoo-style YAML config with the cstorch loop.
 
-    cerebrax fit      CONFIG.yaml [--checkpoint PATH] [--model_dir DIR] [key.path=value ...]
+    cerebrax fit      CONFIG.yaml [--checkpoint PATH | --no-resume | --overwrite]
+                                  [--model_dir DIR] [key.path=value ...]
     cerebrax eval     CONFIG.yaml [--checkpoint PATH] [--model_dir DIR] [key.path=value ...]
     cerebrax validate CONFIG.yaml [--mode train|eval] [key.path=value ...]
     cerebrax compile  CONFIG.yaml [--mode train|eval] [key.path=value ...]
 
-``fit`` trains for ``runconfig.num_steps`` steps (the total: a run resumed with
-``--checkpoint`` trains the steps that remain), prints the loss every
-``runconfig.log_steps`` steps and saves ``model_dir/checkpoint_<step>.mdl`` every
-``runconfig.checkpoint_steps`` steps and at the end. ``eval`` evaluates a checkpoint
-(default: the newest in ``model_dir``) and prints the mean loss over its batches and the
-configured metrics; its progress bar shows the running mean of the same loss.
+``fit`` trains for ``runconfig.num_steps`` steps (the total: a resumed run trains the
+steps that remain), prints the loss every ``runconfig.log_steps`` steps and saves
+``model_dir/checkpoint_<step>.mdl`` every ``runconfig.checkpoint_steps`` steps and at
+the end. ``eval`` evaluates a checkpoint (default: the newest in ``model_dir``) and
+prints the mean loss over its batches and the configured metrics; its progress bar shows
+the running mean of the same loss.
+
+A ``model_dir`` holds one run. ``fit`` removes the temporary files of killed saves,
+records the config (after overrides) in ``model_dir/run_config.yaml`` with the run's
+first checkpoint, and, started again, resumes from the newest checkpoint of ``model_dir``: with
+the same losses as a run never stopped, and ``num_steps`` raised to train further.
+``--checkpoint PATH`` resumes from PATH instead; ``--no-resume`` starts from step 0 and
+is refused when ``model_dir`` already holds checkpoints; ``--overwrite`` deletes the
+run's checkpoints and recorded config and starts over. A config that differs from the
+recorded one is refused (the message lists each key, then and now), except in how
+long the run goes and how often it logs and saves (``num_steps``, ``max_steps``,
+``num_epochs``, ``log_steps``, ``checkpoint_steps``, ``keep_last_n``,
+``keep_every_n_steps``), where it writes (``model_dir``, ``compile_dir``), the
+checkpoint to start from, and the evaluation sections. ``eval`` applies the same rule
+to the run whose checkpoint it evaluates. After each save, ``fit`` deletes the
+checkpoints older than the newest ``keep_last_n`` (default: keeps all), except those
+whose step is a multiple of ``keep_every_n_steps``; it never deletes the one it just
+wrote.
 ``validate`` traces one step and ``compile`` compiles it (HLO text and memory report in
 ``runconfig.compile_dir``); neither runs a step. ``compile_dir`` also holds JAX's
 persistent compilation cache, so a second process skips the XLA compile.
@@ -45,6 +63,8 @@ The config reads either Model Zoo layout. The sectioned layout
     runconfig:
       num_steps: 600                # total training steps (or max_steps, or num_epochs)
       checkpoint_steps: 200         # 0: only the last step
+      keep_last_n: 3                # (optional) delete older checkpoints ...
+      keep_every_n_steps: 1000      # (optional) ... but those of steps k*1000
       save_initial_checkpoint: false  # true: checkpoint_0.mdl before the first step
       log_steps: 50
       seed: 1                       # see below
@@ -69,7 +89,8 @@ The ``trainer:`` layout holds the same job::
         precision: {fp16_type: float16, loss_scaling_factor: dynamic,
                     max_gradient_norm: 1.0, precision_opt_level: 1}   # enabled: false: float32
         loop: {max_steps: 600, eval_steps: 9}       # or num_steps / num_epochs
-        checkpoint: {steps: 200, save_initial_checkpoint: false}
+        checkpoint: {steps: 200, save_initial_checkpoint: false,
+                     keep_last_n: 3, keep_every_n_steps: 1000}   # both optional
         logging: {log_steps: 50}
         metrics: [accuracy]
       fit:
@@ -88,7 +109,7 @@ one and whose section does not set it (JAX has no global generator).
 Errors: a usage or config error, a missing, damaged or mismatched checkpoint, an
 unwritable ``model_dir`` or a full disk prints one message on stderr (what failed, where,
 the fix) and no traceback; ``--debug`` prints the traceback too. Ctrl-C during ``fit``
-prints where the last checkpoint is.
+prints where the last checkpoint is; the same command run again resumes from it.
 
 Exit status: 0 on success, 2 for a usage or config error, 130 after Ctrl-C, 1 for any
 other failure.
@@ -105,7 +126,7 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 COMMANDS = {
-    "fit": "train with the config (resume with --checkpoint)",
+    "fit": "train with the config, resuming the run in model_dir",
     "eval": "evaluate a checkpoint and print the loss and metrics",
     "validate": "trace one step without compiling or running it",
     "compile": "compile one step, write its HLO and memory report, run nothing",
@@ -126,6 +147,17 @@ def _parser() -> argparse.ArgumentParser:
                 "--checkpoint",
                 metavar="PATH",
                 help="checkpoint to resume from (fit) or to evaluate (eval)",
+            )
+        if name == "fit":
+            sub.add_argument(
+                "--no-resume",
+                action="store_true",
+                help="start from step 0; refused if model_dir already holds checkpoints",
+            )
+            sub.add_argument(
+                "--overwrite",
+                action="store_true",
+                help="delete model_dir's checkpoints and recorded config, start over",
             )
         else:
             sub.add_argument(
@@ -183,7 +215,7 @@ def _message(error: BaseException) -> str:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from ._cli import _build, _commands, _config
+    from ._cli import _build, _commands, _config, _runs
 
     raw = _config.load_config(args.config, args.overrides)
     if args.model_dir:
@@ -192,17 +224,19 @@ def _run(args: argparse.Namespace) -> None:
     mode = getattr(args, "mode", "train")
     _config.require(job, args.command, step=mode)
     _build.add_python_paths(job, args.config)
-    if args.command == "fit":
-        _commands.make_model_dir(job.run.model_dir)  # before compile_dir, often inside it
-    counter = _build.setup_compile_cache(job.run.compile_dir)
     checkpoint = getattr(args, "checkpoint", None) or job.run.checkpoint_path
     if args.command == "fit":
+        _commands.make_model_dir(job.run.model_dir)  # before compile_dir, often inside it
+        checkpoint = _runs.prepare_fit(job.run.model_dir, raw, checkpoint,
+                                       resume=not args.no_resume, overwrite=args.overwrite)
+    counter = _build.setup_compile_cache(job.run.compile_dir)
+    if args.command == "fit":
         try:
-            _commands.run_fit(job, counter, checkpoint)
+            _commands.run_fit(job, counter, checkpoint, config=raw)
         except KeyboardInterrupt as e:
             raise _Interrupted(_commands.interrupted(job.run.model_dir)) from e
     elif args.command == "eval":
-        _commands.run_eval(job, checkpoint)
+        _commands.run_eval(job, checkpoint, config=raw)
     else:
         _commands.run_compile(job, mode=mode, validate_only=args.command == "validate")
 

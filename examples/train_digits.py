@@ -31,7 +31,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--model-dir", default="./model_dir")
+    # Not ./model_dir: that is the run directory of `cerebrax fit configs/digits_mlp.yaml`.
+    parser.add_argument("--model-dir", default="./model_dir_train_digits")
     args = parser.parse_args()
     os.makedirs(args.model_dir, exist_ok=True)
 

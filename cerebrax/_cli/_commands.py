@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import glob
 import math
 import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -23,12 +21,10 @@ from ..data import DataExecutor
 from ..data._progress import write
 from ..errors import CerebraxError, CheckpointError, ConfigError, StateError
 from ..trace import trace, write_artifacts
-from . import _build
+from . import _build, _runs
 from ._config import InputSpec, JobConfig
 
 __all__ = ["run_compile", "run_eval", "run_fit"]
-
-CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)\.mdl$")
 
 MSG_NO_MODEL = """\
 {path!r} holds no model state: its top-level keys are {keys}. The command loads
@@ -93,12 +89,8 @@ def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any):
 
 # ---- checkpoints -------------------------------------------------------------------------
 def latest_checkpoint(model_dir: str) -> str | None:
-    found = []
-    for path in glob.glob(os.path.join(model_dir, "checkpoint_*.mdl")):
-        match = CHECKPOINT_NAME.search(path)
-        if match:
-            found.append((int(match.group(1)), path))
-    return max(found)[1] if found else None
+    found = _runs.checkpoints(model_dir)
+    return found[-1][1] if found else None
 
 
 def make_model_dir(path: str) -> None:
@@ -121,7 +113,8 @@ def interrupted(model_dir: str) -> str:
         return f"interrupted before the first checkpoint: none in {model_dir!r} yet."
     return (
         f"interrupted. The last checkpoint is {path}: to resume, run the same command "
-        f"with --checkpoint {path}"
+        f"again (it resumes from the newest checkpoint of model_dir), or pass "
+        f"--checkpoint {path}"
     )
 
 
@@ -170,7 +163,11 @@ def _restore(state: Mapping[str, Any], pieces: tuple, path: str) -> int:
 
 
 # ---- fit ---------------------------------------------------------------------------------
-def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None) -> None:
+def run_fit(
+    job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None, *, config: dict
+) -> None:
+    """Trains; resumes from ``checkpoint`` when given. ``config`` (the YAML mapping after
+    overrides) is recorded in ``model_dir`` with the run's first checkpoint."""
     job = _build.resolve_num_steps(job)  # num_epochs -> num_steps
     run = job.run
     os.makedirs(run.model_dir, exist_ok=True)
@@ -188,7 +185,8 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
     if remaining < 1:
         raise ConfigError(
             f"the checkpoint is at step {start}, and runconfig.num_steps is {run.num_steps}: "
-            "nothing is left to train. Raise runconfig.num_steps to train further."
+            "nothing is left to train. Raise runconfig.num_steps to train further, or "
+            "pass --overwrite to start over."
         )
     # Resume the data where the checkpoint left it: from the DataLoader's own state, or,
     # for a checkpoint without one, by skipping the batches its steps consumed (such a
@@ -233,6 +231,10 @@ def run_fit(job: JobConfig, counter: _build.CacheCounter, checkpoint: str | None
         path = os.path.join(run.model_dir, f"checkpoint_{step}.mdl")
         save(state_dict, path)
         write(f"saved {path}")
+        _runs.write_record(run.model_dir, config)  # once: at the run's first save
+        for old in _runs.prune(run.model_dir, keep_last_n=run.keep_last_n,
+                               keep_every_n_steps=run.keep_every_n_steps, written=path):
+            write(f"removed {old} (keep_last_n {run.keep_last_n})")
 
     if run.save_initial_checkpoint and start == 0:
         write_checkpoint(0)  # the initial weights, before the first step
@@ -269,7 +271,9 @@ class _FirstStep:
 
 
 # ---- eval --------------------------------------------------------------------------------
-def run_eval(job: JobConfig, checkpoint: str | None) -> None:
+def run_eval(job: JobConfig, checkpoint: str | None, *, config: dict) -> None:
+    """Evaluates ``checkpoint`` (default: the newest of ``model_dir``). The run that
+    wrote it (its directory's recorded config) must match ``config``."""
     run = job.run
     path = checkpoint or latest_checkpoint(run.model_dir)
     if path is None:
@@ -277,6 +281,7 @@ def run_eval(job: JobConfig, checkpoint: str | None) -> None:
             f"`cerebrax eval` needs trained weights: no checkpoint_<step>.mdl in "
             f"{run.model_dir!r}. Pass --checkpoint PATH or run `cerebrax fit` first."
         )
+    _runs.check_record(os.path.dirname(path) or ".", config, command="eval")
     backend = _build.build_backend(job)
     model, loss_fn = _build.build_model(job, backend)
     metrics = _build.build_metrics(job)

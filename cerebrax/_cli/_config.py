@@ -73,6 +73,8 @@ class RunSpec:
     precision_opt_level: int | None
     checkpoint_steps: int
     log_steps: int
+    keep_last_n: int | None
+    keep_every_n_steps: int | None
     model_dir: str
     compile_dir: str
     backend: str
@@ -206,6 +208,8 @@ def _sectioned_layout(cfg: _schema.ConfigV1) -> JobConfig:
             half_dtype=_one(("runconfig.half_dtype", run.half_dtype), ("model.fp16_type", half)),
             checkpoint_steps=run.checkpoint_steps,
             save_initial_checkpoint=run.save_initial_checkpoint,
+            keep_last_n=run.keep_last_n,
+            keep_every_n_steps=run.keep_every_n_steps,
             log_steps=run.log_steps,
             backend=run.backend,
             compile_dir=run.compile_dir,
@@ -253,6 +257,8 @@ def _trainer_layout(trainer: _schema.TrainerV2) -> JobConfig:
             half_dtype=prec.fp16_type if prec.enabled else "float32",
             checkpoint_steps=init.checkpoint.steps,
             save_initial_checkpoint=init.checkpoint.save_initial_checkpoint,
+            keep_last_n=init.checkpoint.keep_last_n,
+            keep_every_n_steps=init.checkpoint.keep_every_n_steps,
             log_steps=init.logging.log_steps,
             backend=_one((f"{where}.device", init.device),
                          (f"{where}.backend.backend_type",

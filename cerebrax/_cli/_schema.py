@@ -296,6 +296,8 @@ class _RunConfigV1(Section):
     checkpoint_steps: Count0 = 0
     log_steps: Count = 1
     save_initial_checkpoint: Flag = False
+    keep_last_n: Count | None = None
+    keep_every_n_steps: Count | None = None
     model_dir: Text = "./model_dir"
     compile_dir: Text | None = None
     backend: Backend = "CSX"
@@ -360,6 +362,8 @@ class LoopV2(Section):
 class CheckpointV2(Section):
     steps: Count0 = 0
     save_initial_checkpoint: Flag = False
+    keep_last_n: Count | None = None
+    keep_every_n_steps: Count | None = None
 
 
 class LoggingV2(Section):
