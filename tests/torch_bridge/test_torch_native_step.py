@@ -438,3 +438,23 @@ def test_reading_a_torch_value_inside_the_step_raises():
     for step in (reads_item, branches):
         with pytest.raises(TensorReadError, match="step closure"):
             step(inputs)
+
+
+def test_torch_errors_outside_and_inside_the_step_name_the_fix():
+    from torch_bridge import JaxTensor
+
+    from cerebrax.errors import ConfigError, UnsupportedOpError
+
+    value = JaxTensor(np.ones(3, np.float32))
+    with pytest.raises(UnsupportedOpError, match=r"inside a @cstorch.trace step"):
+        value.sum().backward()  # outside a step there is no program to differentiate
+    with pytest.raises(UnsupportedOpError, match="takes no gradient"):
+        value.sum().backward(torch.ones(()))
+    with pytest.raises(UnsupportedOpError, match="not part of the compiled step"):
+        torch.ones(3).mul_(value)  # writing into a plain torch tensor
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        import pickle
+
+        pickle.dumps(value)
+    with pytest.raises(ConfigError, match="compute_on_system=False"):
+        cstorch.metrics.AccuracyMetric("acc", compute_on_system=False)

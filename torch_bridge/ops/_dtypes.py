@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-__all__ = ["export_dtype", "jax_dtype", "to_jax", "torch_dtype"]
+__all__ = ["export_dtype", "jax_dtype", "to_jax"]
 
 _TORCH_TO_NUMPY: dict[torch.dtype, Any] = {
     torch.bool: np.bool_,
@@ -44,15 +44,6 @@ def jax_dtype(dtype: torch.dtype | None) -> Any:
     except KeyError:
         raise TypeError(f"torch_bridge has no JAX dtype for torch dtype {dtype}.") from None
     return jax.dtypes.canonicalize_dtype(np_dtype)
-
-
-def torch_dtype(dtype: Any) -> torch.dtype:
-    """The torch dtype of a JAX (numpy) dtype, e.g. ``int32`` -> ``torch.int32``."""
-    dtype = np.dtype(dtype)
-    for t, n in _TORCH_TO_NUMPY.items():
-        if np.dtype(n) == dtype:
-            return t
-    raise TypeError(f"torch_bridge has no torch dtype for JAX dtype {dtype}.")
 
 
 def export_dtype(dtype: Any) -> torch.dtype:
