@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._filters import is_torch_tensor
+from ._runtime import RUNTIME
 
-__all__ = ["as_jax", "to_numpy", "to_torch", "torch_to_jax"]
+__all__ = ["as_jax", "mark_torch_origin", "to_numpy", "to_torch", "torch_origin", "torch_to_jax"]
 
 
 @functools.cache
@@ -62,6 +63,20 @@ def as_jax(tree: Any) -> Any:
 
 def _is_step_tensor(x: Any) -> bool:
     return is_torch_tensor(x) and hasattr(x, "__jax_array__")
+
+
+def mark_torch_origin(array: jax.Array, torch_dtype: Any) -> None:
+    """Records that ``array`` holds a torch tensor's values (a streamed torch batch).
+
+    A traced step of a torch model sees such an input as a torch tensor of
+    ``torch_dtype`` again, as it sees a torch tensor passed to it directly.
+    """
+    RUNTIME.torch_origins[array] = torch_dtype
+
+
+def torch_origin(x: Any) -> Any:
+    """The torch dtype of the tensor ``x`` was made from (:func:`mark_torch_origin`), or None."""
+    return RUNTIME.torch_origins.get(x) if isinstance(x, jax.Array) else None
 
 
 def torch_to_jax(t: Any, device: jax.Device | None = None) -> jax.Array:

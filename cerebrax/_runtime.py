@@ -79,6 +79,8 @@ class Runtime:
     half_dtype: str | None = None         # set_half_dtype's choice; None: float16
     # ---- data streaming (cerebrax.data) ----------------------------------------------
     streams: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
+    # a JAX array a stream made from a torch tensor -> that tensor's torch dtype
+    torch_origins: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
     # ---- 1.2-era sessions (cerebrax.legacy) ------------------------------------------
     sessions: list = dataclasses.field(default_factory=list)    # innermost last
 

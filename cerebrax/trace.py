@@ -30,7 +30,7 @@ import jax
 
 from . import _closures, _state, wse
 from ._filters import is_array, is_torch_tensor
-from ._interop import as_jax, torch_to_jax
+from ._interop import as_jax, torch_origin, torch_to_jax
 from ._placement import put_many
 from ._trace_context import DeferredValue, TraceContext, backward
 from .backend import Backend, get_or_create_backend
@@ -111,12 +111,12 @@ class TracedStep:
         leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_leaf)
         dynamic, statics, torch_dtypes = [], [], []
         for leaf in leaves:
-            torch_dtype = None
+            # A torch tensor (or a streamed batch made from one) is a torch tensor of
+            # this dtype again in a torch model's step; None: a JAX or numpy input.
+            torch_dtype = torch_origin(leaf)
             if is_leaf is not None and is_torch_tensor(leaf):
-                torch_dtype = leaf.dtype  # the step sees this input as a torch tensor
+                torch_dtype = leaf.dtype
                 leaf = torch_to_jax(leaf)
-                if torch_dtype == _torch_default(leaf.dtype):
-                    torch_dtype = None  # the same program as for a JAX array
             if is_array(leaf):
                 dynamic.append(leaf)
                 statics.append(None)
@@ -361,27 +361,22 @@ def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seco
 
 
 def _torch_inputs(torch_dtypes: tuple, refs: list) -> Callable[[list], list]:
-    """How the step sees its array inputs: as torch tensors in a torch-native step.
+    """How the step sees its array inputs: torch tensors stay torch tensors.
 
-    A step is torch-native when a compiled model is a torch module. Then every array
-    input is a ``torch_bridge.JaxTensor`` (a torch tensor that holds the program's
-    value): integers as ``torch.int64`` and floats as they are, as torch code expects,
-    or the torch dtype an input came in with where that differs (``torch_dtypes``).
-    A step of JAX models computes with JAX arrays, whatever the inputs were.
+    In a torch-native step (a compiled model is a torch module) every input that came
+    in as a torch tensor, directly or streamed by a cstorch DataLoader, is a
+    ``torch_bridge.JaxTensor`` (a torch tensor that holds the program's value) of the
+    dtype it came in with (``torch_dtypes``). numpy and JAX inputs stay JAX arrays, and
+    so do the outputs of a model called on them. A step of JAX models computes with
+    JAX arrays, whatever the inputs were.
     """
     models = {id(r.owner): r.owner for r in refs if getattr(r, "owner", None) is not None}
     if not any(getattr(m, "is_torch", False) for m in models.values()):
         return lambda dynamic: dynamic
     from torch_bridge import JaxTensor
 
-    return lambda dynamic: [JaxTensor(x, d) for x, d in zip(dynamic, torch_dtypes)]
-
-
-def _torch_default(dtype: Any) -> Any:
-    """The torch dtype a JAX input of ``dtype`` is seen as in a torch-native step."""
-    from torch_bridge import export_dtype
-
-    return export_dtype(dtype)
+    return lambda dynamic: [x if d is None else JaxTensor(x, d)
+                            for x, d in zip(dynamic, torch_dtypes)]
 
 
 def _match_dtype(new: Any, old: Any) -> Any:

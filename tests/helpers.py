@@ -32,9 +32,6 @@ def mlp_apply(params: dict, x: jax.Array) -> jax.Array:
 
 
 def xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    # A torch model's outputs (and a torch-native step's inputs) are torch tensors in the
-    # step; this JAX loss takes their JAX values.
-    logits, labels = jnp.asarray(logits), jnp.asarray(labels)
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 

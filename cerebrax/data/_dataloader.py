@@ -124,10 +124,13 @@ def compute_num_steps(
 def to_device(batch: Any, device: jax.Device | jax.sharding.Sharding | None = None) -> Any:
     """``batch`` with every numpy / torch / JAX array leaf placed on ``device``.
 
-    torch tensors (bfloat16 included) become JAX arrays of the same dtype; other leaves
-    (Python numbers, strings) are kept as they are.
+    torch tensors (bfloat16 included) become JAX arrays of the same dtype, which a
+    traced step of a torch model sees as torch tensors again; other leaves (Python
+    numbers, strings) are kept as they are.
     """
-    return _workers.place(_workers.to_host(batch), device)
+    placed = _workers.place(_workers.to_host(batch), device)
+    _workers.mark_torch_leaves(placed, _workers.torch_dtypes(batch))
+    return placed
 
 
 MSG_LAYOUT = """This DataLoader state was saved by a run that streamed from num_csx={saved[0]} x

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from .._filters import is_array, is_torch_tensor
-from .._interop import to_numpy
+from .._interop import mark_torch_origin, to_numpy
 from .._placement import put_many
 from .._runtime import RUNTIME
 from ..errors import ConfigError, StateError
@@ -46,7 +46,7 @@ from ._streamers import (
     worker_state,
 )
 
-__all__ = ["Stream", "WorkerPosition", "place", "to_host"]
+__all__ = ["Stream", "WorkerPosition", "mark_torch_leaves", "place", "to_host", "torch_dtypes"]
 
 _POLL_S = 0.05  # how often a blocked put or get looks at the stop event
 _JOIN_S = 2.0  # how long close() waits for the threads, in all
@@ -74,6 +74,20 @@ def to_host(batch: Any) -> Any:
     return jax.tree.map(
         lambda x: to_numpy(x) if is_torch_tensor(x) else x, batch, is_leaf=is_torch_tensor
     )
+
+
+def torch_dtypes(batch: Any) -> list:
+    """The torch dtype of every leaf of ``batch`` that is a torch tensor (None for others)."""
+    leaves = jax.tree.leaves(batch, is_leaf=is_torch_tensor)
+    return [x.dtype if is_torch_tensor(x) else None for x in leaves]
+
+
+def mark_torch_leaves(batch: Any, dtypes: list) -> None:
+    """Marks the array leaves of a placed ``batch`` that were torch tensors (``dtypes``
+    from :func:`torch_dtypes`), so a torch model's step sees them as torch tensors."""
+    for x, dtype in zip(jax.tree.leaves(batch), dtypes):
+        if dtype is not None and isinstance(x, jax.Array):
+            mark_torch_origin(x, dtype)
 
 
 def place(batch: Any, placement: Any) -> Any:
@@ -179,6 +193,7 @@ class WorkerPosition:
 class _HostBatch:
     batch: Any
     position: WorkerPosition
+    torch_dtypes: list  # per leaf: the torch dtype it came in with, or None
 
 
 @dataclasses.dataclass
@@ -257,6 +272,7 @@ class _Worker:
                     if self.stream.stop.is_set():
                         return
                     continue
+                dtypes = torch_dtypes(batch)
                 host = to_host(batch)
                 batches += 1
                 samples += _rows(host)
@@ -264,7 +280,7 @@ class _Worker:
                 if restartable:
                     with worker_state(self._checkpoint(pos)):
                         pos.user_state = copy.deepcopy(source.state_dict())
-                yield _HostBatch(host, pos)
+                yield _HostBatch(host, pos, dtypes)
             if seen == 0 and not (restored and first_pass):
                 raise ConfigError(MSG_EMPTY.format(rank=self.info.rank))
             if iter(source) is source:
@@ -352,7 +368,9 @@ class Stream:
         batches = [item.batch for _, item in parts]
         batch = batches[0] if len(batches) == 1 else _concat(batches)
         self._check(batch, step)
-        return _Placed(place(batch, self.placement),
+        placed = place(batch, self.placement)
+        mark_torch_leaves(placed, parts[0][1].torch_dtypes)
+        return _Placed(placed,
                        [(rank, item.position) for rank, item in parts])
 
     def _feed(self) -> None:

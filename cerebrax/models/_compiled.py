@@ -228,11 +228,16 @@ class CompiledModel:
         )
         for name, value in new_buffers.items():
             self._buffers[name].value = value
-        return self._as_torch(out) if self.is_torch else out
+        # Like in, like out: a torch model called on torch tensors returns torch tensors
+        # (for the torch loss after it); called on JAX or numpy values, JAX arrays.
+        torch_in = self.is_torch and any(map(is_torch_tensor, jax.tree.leaves(
+            (args, kwargs), is_leaf=is_torch_tensor)))
+        return self._as_torch(out) if torch_in else out
 
     @property
     def is_torch(self) -> bool:
-        """Whether the model is a torch module (a traced step then sees torch tensors)."""
+        """Whether the model is a torch module (a traced step then sees torch inputs as
+        torch tensors)."""
         return self._adapter.is_torch
 
     @staticmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +46,9 @@ def test_zoo_matches_torch(name, train):
 
 
 @pytest.mark.parametrize("cell", [nn.LSTM, nn.GRU], ids=["lstm", "gru"])
-def test_recurrent_T200_matches_torch_and_jits_fast(cell):
-    """Sequence length 200 stays one lax.scan: the first jit of forward + gradient is
-    well under 2 s (core decomposition would unroll 200 steps: ~18 s)."""
+def test_recurrent_T200_matches_torch_and_stays_a_loop(cell):
+    """Sequence length 200 stays a lax.scan in forward and gradient (core decomposition
+    would unroll 200 steps)."""
     model = seeded(Recurrent, cell, bidirectional=cell is nn.GRU)
     x = torch.randn(2, 200, 8, generator=torch.Generator().manual_seed(0))
     for train in (False, True):
@@ -60,11 +59,9 @@ def test_recurrent_T200_matches_torch_and_jits_fast(cell):
     for op in (torch.ops.aten.lstm.input, torch.ops.aten.gru.input):
         assert torch._decomp.decomposition_table[op].__module__ == "torch._decomp.decompositions"
 
-    grad = jax.jit(jax.grad(lambda p, x: conv.apply(p, conv.buffers, x)[0].sum()))
-    x_big = jnp.ones((4, 200, 8))
-    conv.program((x_big,))  # export outside the timed region
-    wall, cpu = time.perf_counter(), time.process_time()
-    jax.block_until_ready(grad(conv.params, x_big))
-    # Wall time grows when other processes share the cores, CPU time when XLA compiles
-    # on several threads: the smaller of the two is the compile's own cost.
-    assert min(time.perf_counter() - wall, time.process_time() - cpu) < 2.0
+    # Forward and gradient stay loops: a handful of scans, not 200 unrolled time steps
+    # (an unrolled sequence is thousands of equations, and ~18 s to compile).
+    grad = jax.grad(lambda p, x: conv.apply(p, conv.buffers, x)[0].sum())
+    eqns = jax.make_jaxpr(grad)(conv.params, jnp.ones((4, 200, 8))).jaxpr.eqns
+    assert any(e.primitive.name == "scan" for e in eqns)
+    assert len(eqns) < 200, len(eqns)

@@ -279,6 +279,47 @@ def test_gradients_are_torch_tensors_after_backward():
     assert all(issubclass(t, torch.Tensor) for t in seen.values()) and len(seen) == 2
 
 
+@pytest.mark.parametrize("feed", ["torch", "streamed", "numpy"])
+def test_a_torch_model_returns_what_it_was_given(feed):
+    """Like in, like out: torch inputs (passed directly or streamed from a torch
+    DataLoader) reach the step as torch tensors of their dtype, and the model returns
+    torch tensors for a torch loss; numpy inputs stay JAX arrays and the model returns
+    JAX arrays for a JAX loss. Both give torch eager's loss."""
+    import jax.numpy as jnp
+    import optax
+
+    torch.manual_seed(1)
+    model = torch.nn.Linear(FEATURES, CLASSES)
+    inputs, targets = next(iter(train_dataloader_fn(BATCH)))
+    expected = torch.nn.functional.cross_entropy(model(inputs), targets).item()
+    compiled = cstorch.compile(model, "CPU")
+    seen = {}
+
+    @cstorch.trace
+    def step(x, y):
+        outputs = compiled(x)
+        seen.update(x=type(x), y=getattr(y, "dtype", None), outputs=type(outputs))
+        if isinstance(outputs, torch.Tensor):
+            return torch.nn.functional.cross_entropy(outputs, y)
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, y).mean()
+
+    if feed == "streamed":
+        loader = cstorch.utils.data.DataLoader(lambda: [(inputs, targets)], num_steps=1)
+        (loss,) = [step(x, y) for x, y in loader]
+    elif feed == "torch":
+        loss = step(inputs, targets)
+    else:
+        loss = step(inputs.numpy(), targets.numpy())
+    np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
+    if feed == "numpy":
+        assert not issubclass(seen["x"], torch.Tensor), seen
+        assert not issubclass(seen["outputs"], torch.Tensor), seen
+        assert seen["y"] == jnp.int32
+    else:
+        assert issubclass(seen["x"], torch.Tensor) and seen["y"] == torch.int64, seen
+        assert issubclass(seen["outputs"], torch.Tensor), seen
+
+
 def test_seed_evaluation_as_written_gives_torch_accuracy(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(1)
