@@ -9,7 +9,16 @@
 ``fit`` trains for ``runconfig.num_steps`` steps (the total: a resumed run trains the
 steps that remain), prints the loss every ``runconfig.log_steps`` steps and saves
 ``model_dir/checkpoint_<step>.mdl`` every ``runconfig.checkpoint_steps`` steps and at
-the end. ``eval`` evaluates a checkpoint (default: the newest in ``model_dir``) and
+the end. A save copies the state to host memory during the step loop; the file is
+written in the background (atomically, as every save), and the next save or the end of
+the run waits for it and prints ``saved PATH``. With ``runconfig.eval_frequency`` (or
+``trainer.init.loop.eval_frequency``) ``fit`` also validates every that many steps and
+after the last one: ``eval_steps`` batches of the eval data through one compiled
+evaluation step, printed as ``step N  eval loss ...`` with the metrics. ``fit`` writes
+TensorBoard events into ``model_dir``: ``loss``, ``lr`` and ``loss_scale`` (when
+scaling) at the logged steps, ``steps_per_sec`` between them, ``eval/loss`` and
+``eval/<metric>``, and the model's own ``summarize_scalar`` / ``summarize_tensor``
+values (``tensorboard --logdir model_dir``). ``eval`` evaluates a checkpoint (default: the newest in ``model_dir``) and
 prints the mean loss over its batches and the configured metrics; its progress bar shows
 the running mean of the same loss.
 
@@ -22,10 +31,10 @@ is refused when ``model_dir`` already holds checkpoints; ``--overwrite`` deletes
 run's checkpoints and recorded config and starts over. A config that differs from the
 recorded one is refused (the message lists each key, then and now), except in how
 long the run goes and how often it logs and saves (``num_steps``, ``max_steps``,
-``num_epochs``, ``log_steps``, ``checkpoint_steps``, ``keep_last_n``,
+``num_epochs``, ``log_steps``, ``checkpoint_steps``, ``eval_frequency``, ``keep_last_n``,
 ``keep_every_n_steps``), where it writes (``model_dir``, ``compile_dir``), the
 checkpoint to start from, and the evaluation sections. ``eval`` applies the same rule
-to the run whose checkpoint it evaluates. After each save, ``fit`` deletes the
+to the run whose checkpoint it evaluates. Once a save is written, ``fit`` deletes the
 checkpoints older than the newest ``keep_last_n`` (default: keeps all), except those
 whose step is a multiple of ``keep_every_n_steps``; it never deletes the one it just
 wrote.
@@ -69,6 +78,7 @@ The config reads either Model Zoo layout. The sectioned layout
       log_steps: 50
       seed: 1                       # see below
       eval_steps: 9                 # eval: as eval_input.num_steps
+      eval_frequency: 200           # (optional) fit validates every 200 steps
       precision_opt_level: 1        # recorded in the log; no effect on the emulation
       model_dir: ./model_dir
       compile_dir: ./model_dir/compile    # the default
@@ -88,20 +98,20 @@ The ``trainer:`` layout holds the same job::
         schedulers: [{CosineDecayLR: {initial_learning_rate: 0.05, ...}}]
         precision: {fp16_type: float16, loss_scaling_factor: dynamic,
                     max_gradient_norm: 1.0, precision_opt_level: 1}   # enabled: false: float32
-        loop: {max_steps: 600, eval_steps: 9}       # or num_steps / num_epochs
+        loop: {max_steps: 600, eval_steps: 9,       # or num_steps / num_epochs
+               eval_frequency: 200}             # (optional) validate during fit
         checkpoint: {steps: 200, save_initial_checkpoint: false,
                      keep_last_n: 3, keep_every_n_steps: 1000}   # both optional
         logging: {log_steps: 50}
         metrics: [accuracy]
       fit:
         train_dataloader: {input_fn: examples.digits:input_fn, batch_size: 64}
-        val_dataloader: {input_fn: ..., split: test}   # what `cerebrax eval` evaluates
+        val_dataloader: {input_fn: ..., split: test}   # what eval and validation read
         ckpt_path: ...                                 # optional: resume from it
       validate: {val_dataloader: ..., ckpt_path: ...}  # optional, for `cerebrax eval`
 
 Every key is honoured or refused: an unknown key, or a Model Zoo key cerebrax cannot
-honour (``eval_frequency``: validation during fit is not built; ``model.name`` and
-``data_processor``: there is no registry; ``grad_accum_steps``, ``callbacks``, ...),
+honour (``model.name`` and ``data_processor``: there is no registry; ``grad_accum_steps``, ``callbacks``, ...),
 is an error naming its key path. ``seed`` seeds Python's, numpy's and torch's
 generators and is passed as ``seed`` to a model factory or input function that takes
 one and whose section does not set it (JAX has no global generator).

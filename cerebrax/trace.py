@@ -123,6 +123,10 @@ class TracedStep:
                 torch_dtypes.append(torch_dtype)
             else:
                 statics.append(leaf)
+        # The program is keyed by the first three; the last (which inputs are torch
+        # tensors, and their torch dtypes) is read when the program is built: a later
+        # call that passes the same values as JAX arrays (or as torch tensors) runs the
+        # same program.
         key = (
             treedef,
             tuple(statics),
@@ -264,7 +268,7 @@ class TracedStep:
         key, dynamic, _, treedef = self._split(args, kwargs)
         if self._jit is None or backend is not self._backend:
             self._build(key, treedef, backend)
-        elif key != self._key:
+        elif key[:3] != self._key[:3]:
             if not backend.allow_recompile:
                 raise self._recompile_error(args, kwargs, key)
             self._build(key, treedef, backend)
@@ -318,7 +322,7 @@ class TracedStep:
         """Lowers the step for these inputs (``jax.stages.Lowered``), running nothing."""
         backend = get_or_create_backend(None)
         key, dynamic, _, treedef = self._split(args, kwargs)
-        if self._jit is None or key != self._key:
+        if self._jit is None or key[:3] != self._key[:3]:
             self._build(key, treedef, backend)
         return self._jit.lower(*self._placed(dynamic))
 

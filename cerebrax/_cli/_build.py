@@ -19,6 +19,7 @@ import optax
 from .. import amp, metrics, optim
 from ..models import compile as compile_model
 from ..backend import ClusterConfig, backend
+from .._interop import as_jax
 from ..data import DataLoader, compute_num_steps
 from ..data._progress import write
 from ..errors import ConfigError
@@ -215,6 +216,7 @@ def build_model(job: JobConfig, run_backend: Any):
 
 
 def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    logits, labels = as_jax((logits, labels))  # a torch model's outputs are torch tensors
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 

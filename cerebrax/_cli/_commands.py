@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -14,11 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import metrics as cs_metrics
-from .._closures import checkpoint_closure, step_closure
+from .._closures import checkpoint_closure, drain, step_closure
 from ..amp import optimizer_step
-from ..ckpt import load, save
+from ..ckpt import load, save, wait
+from .._interop import as_jax
 from ..data import DataExecutor
+from ..data._executor import batch_placement
 from ..data._progress import write
+from ..summaries import SummaryWriter
 from ..errors import CerebraxError, CheckpointError, ConfigError, StateError
 from ..trace import trace, write_artifacts
 from . import _build, _runs
@@ -49,6 +53,7 @@ def _fmt(value: Any) -> str:
 
 # ---- steps -------------------------------------------------------------------------------
 def _training_step(job: JobConfig, model: Any, loss_fn: Any, pieces: tuple):
+    """The step returns ``(loss, learning rate)``, and the loss scale when scaling is on."""
     optimizer, scheduler, scaler = pieces
 
     @trace
@@ -61,30 +66,112 @@ def _training_step(job: JobConfig, model: Any, loss_fn: Any, pieces: tuple):
             max_gradient_norm=job.max_gradient_norm,
             max_gradient_value=job.max_gradient_value,
         )
+        lr = jnp.asarray(optimizer.param_groups[0]["lr"], jnp.float32)  # this step's rate
         if scheduler is not None:
             scheduler.step()
-        return loss
+        if scaler is None:
+            return loss, lr
+        return loss, lr, scaler.get_scale()
 
     return training_step
 
 
-def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any):
-    """The step returns the running mean loss, so the progress bar shows what the final
-    ``eval loss`` line prints (not the last batch's loss)."""
+def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any, *,
+                     returns: bool = True):
+    """With ``returns`` the step returns the running mean loss, so the progress bar shows
+    what the final ``eval loss`` line prints (not the last batch's loss)."""
 
     @trace
     def evaluation_step(inputs, targets):
         outputs = model(inputs)
         loss = loss_fn(outputs, targets)
         mean_loss.update(loss)
+        outputs, targets = as_jax((outputs, targets))
         for metric, reads in metrics:
             if reads == "predictions":
                 metric.update(labels=targets, predictions=jnp.argmax(outputs, axis=-1))
             else:  # perplexity: the batch's summed loss over its tokens
-                metric.update(labels=targets, loss=loss * jnp.size(targets))
-        return mean_loss.compute()
+                metric.update(labels=targets, loss=as_jax(loss) * jnp.size(targets))
+        return mean_loss.compute() if returns else None
 
     return evaluation_step
+
+
+class _Validation:
+    """Validation during ``fit``: ``eval_steps`` batches of the eval data through one
+    compiled evaluation step, every ``eval_frequency`` steps and after the last step.
+
+    The loss and the metrics are printed and written to the run's TensorBoard events as
+    ``eval/loss`` and ``eval/<metric>``. The model is in eval mode while it runs.
+    """
+
+    def __init__(self, job: JobConfig, model: Any, loss_fn: Any, writer: Any):
+        self.model, self.writer, self.spec = model, writer, job.eval_input
+        self.metrics = _build.build_metrics(job)
+        self.mean_loss = cs_metrics.MeanMetric("loss")
+        self.step_fn = _evaluation_step(model, loss_fn, self.metrics, self.mean_loss,
+                                        returns=False)
+        self.loader = _build.build_loader(self.spec, num_steps=self.spec.num_steps,
+                                          seed=job.run.seed)
+        self.num_steps = self.loader.num_steps
+
+    def __call__(self, step: int) -> None:
+        # The closures of the steps so far (this step's checkpoint among them) read the
+        # state of their step: run them before the evaluation steps dispatch.
+        drain()
+        self.model.eval()
+        for metric in [self.mean_loss, *(m for m, _ in self.metrics)]:
+            metric.reset()
+        batches = self.loader.batches(batch_placement())
+        try:
+            for i in range(self.num_steps):
+                batch = next(batches)
+                if not i:
+                    _build.check_batch(batch, self.spec)
+                self.step_fn(*batch)
+        finally:
+            batches.close()
+            self.model.train()
+        values = {"loss": float(self.mean_loss)}  # host sync: waits for the last batch
+        values.update((metric.name, float(metric)) for metric, _ in self.metrics)
+        write(f"step {step:6d}  eval " + "  ".join(f"{k} {v:.6f}" for k, v in values.items())
+              + f"  ({self.num_steps} steps)")
+        for name, value in values.items():
+            self.writer.add_scalar(f"eval/{name}", value, step)
+        self.writer.flush()
+
+
+class _Saver:
+    """The command's checkpoints: written in the background, one at a time.
+
+    ``save`` copies the state to host memory and returns; the H5 file is written and
+    renamed into place in a background thread (atomic, as every save). The next save
+    and :meth:`finish` wait for it, then print ``saved PATH``, record the run's config
+    (at the first save) and apply the retention (``keep_last_n``), so retention only
+    ever counts complete files.
+    """
+
+    def __init__(self, run: Any, config: dict):
+        self.run, self.config = run, config
+        self.pending: tuple[Any, str] | None = None
+
+    def save(self, state_dict: dict, step: int) -> None:
+        self.finish()
+        path = os.path.join(self.run.model_dir, f"checkpoint_{step}.mdl")
+        self.pending = (save(state_dict, path, background=True), path)
+
+    def finish(self) -> None:
+        """Waits for the pending save; raises CheckpointError if it failed."""
+        if self.pending is None:
+            return
+        (handle, path), self.pending = self.pending, None
+        handle.wait()
+        write(f"saved {path}")
+        _runs.write_record(self.run.model_dir, self.config)  # once: at the first save
+        run = self.run
+        for old in _runs.prune(run.model_dir, keep_last_n=run.keep_last_n,
+                               keep_every_n_steps=run.keep_every_n_steps, written=path):
+            write(f"removed {old} (keep_last_n {run.keep_last_n})")
 
 
 # ---- checkpoints -------------------------------------------------------------------------
@@ -107,7 +194,14 @@ def make_model_dir(path: str) -> None:
 
 
 def interrupted(model_dir: str) -> str:
-    """What Ctrl-C during ``fit`` prints: where the last complete checkpoint is."""
+    """What Ctrl-C during ``fit`` prints: where the last complete checkpoint is.
+
+    A checkpoint being written in the background is finished first (a failed one is
+    not listed: the message names the last complete one)."""
+    try:
+        wait()
+    except CheckpointError:
+        pass
     path = latest_checkpoint(model_dir)  # saves are atomic: a listed file is complete
     if path is None:
         return f"interrupted before the first checkpoint: none in {model_dir!r} yet."
@@ -200,6 +294,9 @@ def run_fit(
         loader.load_state_dict(data_state)
 
     every = run.checkpoint_steps
+    # TensorBoard events in model_dir: loss, learning rate, loss scale, steps/s, the
+    # validation's values and the model's own summarize_scalar / summarize_tensor.
+    writer = SummaryWriter(run.model_dir, base_step=start + 1)
     executor = DataExecutor(
         loader,
         num_steps=remaining,
@@ -207,17 +304,32 @@ def run_fit(
         # the executor's cadence divides both k and the starting step.
         checkpoint_steps=math.gcd(every, start) if every else 0,
         activation_steps=math.gcd(run.log_steps, start),
+        writer=writer,
     )
+    validate = None
+    if run.eval_frequency is not None:
+        validate = _Validation(job, model, loss_fn, writer)
+    rate = _Rate()
 
     @step_closure
-    def log_loss(loss, step):
+    def log_step(outputs, step):
         if step % run.log_steps == 0 or step == run.num_steps:
+            loss, lr = outputs[0], outputs[1]
             write(f"step {step:6d}  loss {_fmt(loss)}")
+            writer.add_scalar("loss", float(loss), step)
+            writer.add_scalar("lr", float(lr), step)
+            if len(outputs) > 2:
+                writer.add_scalar("loss_scale", float(outputs[2]), step)
+            steps_per_sec = rate(step)
+            if steps_per_sec is not None:
+                writer.add_scalar("steps_per_sec", steps_per_sec, step)
 
     @checkpoint_closure
     def save_checkpoint(step):
         if step == run.num_steps or (every and step % every == 0):
             write_checkpoint(step)
+
+    saver = _Saver(run, config)
 
     def write_checkpoint(step):
         state_dict = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
@@ -228,26 +340,45 @@ def run_fit(
         if not skip:
             state_dict["dataloader"] = loader.state_dict()
         state_dict["global_step"] = step
-        path = os.path.join(run.model_dir, f"checkpoint_{step}.mdl")
-        save(state_dict, path)
-        write(f"saved {path}")
-        _runs.write_record(run.model_dir, config)  # once: at the run's first save
-        for old in _runs.prune(run.model_dir, keep_last_n=run.keep_last_n,
-                               keep_every_n_steps=run.keep_every_n_steps, written=path):
-            write(f"removed {old} (keep_last_n {run.keep_last_n})")
+        saver.save(state_dict, step)
 
-    if run.save_initial_checkpoint and start == 0:
-        write_checkpoint(0)  # the initial weights, before the first step
-    model.train()
-    for batch in executor:
-        if executor.is_initial_step:
-            _build.check_batch(batch, job.train_input)
-            timer = _FirstStep(counter)
-        loss = step_fn(*batch)
-        if executor.is_initial_step:
-            timer.report(loss)
-        log_loss(loss, start + executor.user_iteration)
-        save_checkpoint(start + executor.user_iteration)
+    try:
+        if run.save_initial_checkpoint and start == 0:
+            write_checkpoint(0)  # the initial weights, before the first step
+        model.train()
+        for batch in executor:
+            step = start + executor.user_iteration
+            if executor.is_initial_step:
+                _build.check_batch(batch, job.train_input)
+                timer = _FirstStep(counter)
+            outputs = step_fn(*batch)
+            if executor.is_initial_step:
+                timer.report(outputs[0])
+            log_step(outputs, step)
+            save_checkpoint(step)
+            if validate is not None and (step % run.eval_frequency == 0
+                                         or step == run.num_steps):
+                validate(step)
+        saver.finish()
+    except BaseException:
+        with contextlib.suppress(CerebraxError):  # the first error is the one to report
+            writer.close()
+        raise
+    writer.close()
+
+
+class _Rate:
+    """Steps per second between two logged steps (host time of the log closures)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, float] | None = None
+
+    def __call__(self, step: int) -> float | None:
+        now = time.perf_counter()
+        last, self.last = self.last, (step, now)
+        if last is None or now <= last[1]:
+            return None
+        return (step - last[0]) / (now - last[1])
 
 
 class _FirstStep:

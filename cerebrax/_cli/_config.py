@@ -82,6 +82,7 @@ class RunSpec:
     checkpoint_path: str | None
     cluster: dict[str, Any]
     where: str = "runconfig"
+    eval_frequency: int | None = None  # fit validates every this many steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,6 +334,7 @@ def _run_spec(where: str, section: Any, *, steps: tuple, cluster: dict[str, Any]
     fields.setdefault("seed", getattr(section, "seed", None))
     fields.setdefault("model_dir", getattr(section, "model_dir", None))
     fields.setdefault("precision_opt_level", getattr(section, "precision_opt_level", None))
+    fields.setdefault("eval_frequency", getattr(section, "eval_frequency", None))
     return RunSpec(
         num_steps=num_steps,
         num_epochs=section.num_epochs,
@@ -357,6 +359,13 @@ def require(job: JobConfig, command: str, *, step: str = "train") -> None:
         raise ConfigError(f"`cerebrax {command}` needs an optimizer section "
                           "(trainer.init.optimizer in a trainer: config)")
     run = job.run
+    if command == "fit" and run.eval_frequency is not None and job.eval_input is None:
+        key = "runconfig" if run.where == "runconfig" else f"{run.where}.loop"
+        raise ConfigError(
+            f"{key}.eval_frequency: validation during fit reads the eval data, and the "
+            "config has none. Add an eval_input section (trainer.fit.val_dataloader in "
+            "a trainer: config), or remove the key."
+        )
     if command == "fit" and run.num_steps is None and run.num_epochs is None:
         raise ConfigError(
             f"{run.where}.num_steps is required for `cerebrax fit`: the total number of "

@@ -30,8 +30,8 @@ __all__ = ["RECORD", "check_record", "checkpoints", "prepare_fit", "prune", "wri
 RECORD = "run_config.yaml"
 CHECKPOINT_NAME = re.compile(r"checkpoint_(\d+)\.mdl$")
 # Key paths (fnmatch patterns) that may differ between the runs of one model_dir.
-_RUN_KEYS = ("num_steps", "max_steps", "num_epochs", "eval_steps", "log_steps",
-             "checkpoint_steps", "keep_last_n", "keep_every_n_steps",
+_RUN_KEYS = ("num_steps", "max_steps", "num_epochs", "eval_steps", "eval_frequency",
+             "log_steps", "checkpoint_steps", "keep_last_n", "keep_every_n_steps",
              "save_initial_checkpoint", "model_dir", "compile_dir", "checkpoint_path")
 MAY_CHANGE = (
     *(f"runconfig.{key}" for key in _RUN_KEYS),

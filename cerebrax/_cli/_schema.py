@@ -53,13 +53,6 @@ MISSING_HINTS = {
     "examples.digits:input_fn",
     "optimizer_type": "the optimizer's name, e.g. SGD or AdamW",
 }
-MSG_EVAL_DURING_FIT = (
-    "validation during fit is not built yet in cerebrax. Remove the key, keep "
-    "checkpoint steps, and run `cerebrax eval CONFIG.yaml --checkpoint PATH` on the saved "
-    "checkpoints."
-)
-
-
 # ---- value types: each a validator with the text its error shows -----------------------
 def _expect(expected: str, convert: Callable[[Any], Any]) -> Any:
     """A field type: ``convert(value)``, or the error ``must be <expected>``."""
@@ -292,7 +285,7 @@ class _RunConfigV1(Section):
     num_epochs: Count | None = None
     seed: Integer | None = None
     eval_steps: Count | None = None
-    eval_frequency: refused(MSG_EVAL_DURING_FIT) = None
+    eval_frequency: Count | None = None  # validate every this many steps of fit
     checkpoint_steps: Count0 = 0
     log_steps: Count = 1
     save_initial_checkpoint: Flag = False
@@ -352,7 +345,7 @@ class LoopV2(Section):
     max_steps: Count | None = None
     num_epochs: Count | None = None
     eval_steps: Count | None = None
-    eval_frequency: refused(MSG_EVAL_DURING_FIT) = None
+    eval_frequency: Count | None = None  # validate every this many steps of fit
     grad_accum_steps: refused(
         "gradient accumulation is not built in the cerebrax command; lower the batch "
         "size or accumulate in a hand-written cstorch loop"

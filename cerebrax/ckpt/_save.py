@@ -149,7 +149,8 @@ def atomic_write(target: str, write: Callable[[str], None]) -> None:
             if name is not None:
                 with contextlib.suppress(OSError):
                     os.remove(name)
-        if isinstance(error, OSError):
+        # HDF5 reports some failed writes and flushes (a full disk) as RuntimeError.
+        if isinstance(error, (OSError, RuntimeError)):
             raise CheckpointError(f"Could not write checkpoint {target!r}: {error}") from error
         raise
     _fsync_directory(directory)

@@ -12,7 +12,7 @@ from ..errors import ConfigError, StateError
 from ._dataloader import DataLoader
 from ._progress import ProgressBar
 
-__all__ = ["DataExecutor", "current_executor", "current_executor_or_none"]
+__all__ = ["DataExecutor", "batch_placement", "current_executor", "current_executor_or_none"]
 
 
 
@@ -33,6 +33,15 @@ def current_executor() -> DataExecutor:
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
     return check_int(f"DataExecutor({name}=...)", value, ge=minimum)
+
+
+def batch_placement() -> Any:
+    """Where the current backend's steps take their batches: its device, or on a wafer
+    mesh the sharding that splits them over the data-parallel axes (None: no backend)."""
+    backend = current_backend(raise_exception=False)
+    if getattr(backend, "layout", None) is not None:
+        return backend.layout.batch
+    return backend.device if backend is not None else None
 
 
 class DataExecutor:
@@ -148,9 +157,7 @@ class DataExecutor:
 
     def __iter__(self) -> Iterator[Any]:
         backend = current_backend(raise_exception=False)
-        device = backend.device if backend is not None else None
-        if getattr(backend, "layout", None) is not None:
-            device = backend.layout.batch  # split over the wafer's data-parallel axes
+        device = batch_placement()
         show = self._progress_bar
         self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
         finished = False

@@ -10,6 +10,7 @@ its ``flush`` does not wait for the queue).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import types
@@ -24,7 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from .._filters import is_strict_int, is_torch_tensor
-from ..errors import ConfigError
+from ..errors import ConfigError, SummaryError
 
 __all__ = ["SummaryWriter"]
 
@@ -102,6 +103,12 @@ def _tensor_proto(tag: str, array: np.ndarray) -> Any:
                            tensor_content=content)
 
 
+def _close_quietly(records: Any) -> None:
+    """Closes an event file that its writer left open (garbage collection, exit)."""
+    with contextlib.suppress(OSError):
+        records.close()
+
+
 class SummaryWriter:
     """Writes scalar and tensor summaries to a TensorBoard event file in ``log_dir``.
 
@@ -150,10 +157,17 @@ class SummaryWriter:
         )
         self.file_path = os.path.join(self.log_dir, name)
         self._records = _tbx().RecordWriter(self.file_path)
-        self._finalizer = weakref.finalize(self, self._records.close)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._records)
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
-        self._write(_tbx().Event(wall_time=time.time(), file_version=FILE_VERSION), flush=True)
+        try:
+            self._write(_tbx().Event(wall_time=time.time(), file_version=FILE_VERSION),
+                        flush=True)
+        except SummaryError:
+            self._finalizer()  # a file that cannot be written is closed and removed
+            with contextlib.suppress(OSError):
+                os.remove(self.file_path)
+            raise
 
     # ---- writing ------------------------------------------------------------------------
     def _write(self, event: Any, *, flush: bool = False) -> None:
@@ -162,13 +176,25 @@ class SummaryWriter:
                 raise ConfigError(
                     f"The SummaryWriter of {self.log_dir!r} is closed; create a new one."
                 )
-            self._records.write(event.SerializeToString())
+            try:
+                self._records.write(event.SerializeToString())
+            except OSError as e:
+                raise self._write_error(e) from e
             if flush or time.monotonic() - self._last_flush >= self.flush_secs:
                 self._flush_locked()
 
     def _flush_locked(self) -> None:
-        self._records.flush()
+        try:
+            self._records.flush()
+        except OSError as e:
+            raise self._write_error(e) from e
         self._last_flush = time.monotonic()
+
+    def _write_error(self, error: OSError) -> SummaryError:
+        return SummaryError(
+            f"Could not write the TensorBoard event file {self.file_path!r}: "
+            f"{error.strerror or error}."
+        )
 
     @staticmethod
     def _check_tag(tag: Any) -> str:
@@ -222,9 +248,20 @@ class SummaryWriter:
                 self._flush_locked()
 
     def close(self) -> None:
-        """Flushes and closes the file; later writes raise. Closing twice is fine."""
+        """Flushes and closes the file; later writes raise. Closing twice is fine.
+
+        Raises:
+          SummaryError: the buffered summaries could not be written (the file is
+            closed all the same).
+        """
         with self._lock:
-            self._finalizer()
+            if not self._finalizer.alive:
+                return
+            self._finalizer.detach()
+            try:
+                self._records.close()
+            except OSError as e:
+                raise self._write_error(e) from e
 
     def __enter__(self) -> SummaryWriter:
         return self

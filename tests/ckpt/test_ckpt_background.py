@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -180,6 +181,28 @@ def test_write_error_is_raised_by_wait_and_keeps_the_previous_file(
         with pytest.raises(CheckpointError, match=r"background save .*c\.h5.*No space left"):
             handle.wait()
     ckpt.wait()  # raised already: not again
+    assert ckpt.load(path)["n"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.h5"]  # no temporary file left
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    RuntimeError("Can't write data (file write failed: errno = 28)"),  # as HDF5 says it
+], ids=["OSError", "h5py-RuntimeError"])
+def test_a_failed_synchronous_write_is_a_checkpoint_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    path = tmp_path / "c.h5"
+    ckpt.save({"n": 1, "w": np.ones(2)}, path)
+
+    def fail(*args: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(_save, "_write_leaf", fail)
+    with pytest.raises(CheckpointError, match=rf"Could not write checkpoint .*c\.h5.*"
+                                              rf"{re.escape(str(error))}"):
+        ckpt.save({"n": 2, "w": np.zeros(2)}, path)
+    monkeypatch.undo()
     assert ckpt.load(path)["n"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["c.h5"]  # no temporary file left
 

@@ -219,13 +219,27 @@ def test_full_disk_at_the_first_checkpoint(trained, tmp_path):
     # be another cache key), so the run writes nothing there, and its first file write
     # is the checkpoint's.
     _, compile_dir = trained
-    # A file size limit of 0: every write to a file fails (EFBIG) as on a full disk;
-    # pipes still work.
+    # A file size limit of 64 blocks (32 or 64 KiB): the TensorBoard events (a few
+    # hundred bytes) are written, the checkpoint (220 KB) fails (EFBIG) as on a full
+    # disk; pipes still work.
     out = _fit("--model_dir", tmp_path / "run", cwd=tmp_path, compile_dir=compile_dir,
-               file_size_limit=0)
+               file_size_limit=64)
     _assert_one_message(out, str(tmp_path / "run" / "checkpoint_10.mdl"), "File too large")
     assert f"step {NUM_STEPS:6d}" in out.stdout  # it trained, then could not save
-    assert not list((tmp_path / "run").iterdir())  # and left no partial file
+    left = [p.name for p in (tmp_path / "run").iterdir()]
+    assert len(left) == 1 and left[0].startswith("events.out.tfevents."), left  # no partial file
+
+
+def test_full_disk_at_the_start_names_the_event_file(trained, tmp_path):
+    _, compile_dir = trained
+    # A file size limit of 0: the first write, the TensorBoard event file's, fails.
+    out = _fit("--model_dir", tmp_path / "run", cwd=tmp_path, compile_dir=compile_dir,
+               file_size_limit=0)
+    _assert_one_message(out, "Could not write the TensorBoard event file",
+                        str(tmp_path / "run" / "events.out.tfevents."), "File too large",
+                        "ulimit -f")
+    assert "step " not in out.stdout  # before the first step
+    assert not list((tmp_path / "run").iterdir())  # and nothing left behind
 
 
 def _list_job(tmp_path: pathlib.Path) -> pathlib.Path:

@@ -156,6 +156,54 @@ def test_trainer_layout_fits_and_evaluates(tmp_path):
     assert re.search(r"^eval loss \S+\s+\(4 steps\)", evaluated, re.M)  # loop.eval_steps
 
 
+def test_validation_during_fit_and_tensorboard_events(tmp_path):
+    """trainer.init.loop.eval_frequency: the eval step runs at steps 10 and 20 (compiled
+    once: a traced step that would compile again raises RecompileError), and step 20's values equal `cerebrax eval` of checkpoint_20. The run's
+    TensorBoard events (read back by TensorBoard's reader) hold the logged losses, the
+    scheduler's closed-form rates, the validation's values and steps/s."""
+    config = _trainer_v2(tmp_path)
+    config["trainer"]["init"]["loop"]["eval_frequency"] = 10
+    path = _write(tmp_path, config)
+    fit = _cerebrax("fit", path, cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    validations = {
+        int(s): (float(loss), float(accuracy)) for s, loss, accuracy in re.findall(
+            r"^step\s+(\d+)\s+eval loss (\S+)\s+accuracy (\S+)\s+\(4 steps\)$", fit.stdout, re.M)
+    }  # fmt: skip
+    assert sorted(validations) == [10, 20], fit.stdout
+    evaluated = _cerebrax("eval", path, cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    loss = float(re.search(r"^eval loss (\S+)", evaluated.stdout, re.M).group(1))
+    accuracy = float(re.search(r"^eval accuracy (\S+)", evaluated.stdout, re.M).group(1))
+    np.testing.assert_allclose(validations[20], (loss, accuracy), rtol=1e-6)
+
+    reader = cstorch.utils.tensorboard.SummaryReader(tmp_path / "run")
+    losses = _losses(fit.stdout)
+    logged = dict(reader.scalars("loss"))
+    assert sorted(logged) == [5, 10, 15, 20]
+    np.testing.assert_allclose([logged[s] for s in sorted(logged)],
+                               [losses[s] for s in sorted(logged)], rtol=1e-6)
+    # CosineDecayLR from 0.05 to 0.005 over 20 steps: step s trains with the rate of s - 1.
+    rates = dict(reader.scalars("lr"))
+    expected = [0.005 + 0.045 * 0.5 * (1 + np.cos(np.pi * (s - 1) / 20)) for s in sorted(rates)]
+    np.testing.assert_allclose([rates[s] for s in sorted(rates)], expected, rtol=1e-5)
+    # The printed values have 6 decimals.
+    np.testing.assert_allclose(dict(reader.scalars("eval/loss"))[20], loss, rtol=0, atol=5e-7)
+    np.testing.assert_allclose(dict(reader.scalars("eval/accuracy"))[20], accuracy, rtol=0,
+                               atol=5e-7)
+    assert sorted(dict(reader.scalars("steps_per_sec"))) == [10, 15, 20]
+    assert all(v > 0 for _, v in reader.scalars("steps_per_sec"))
+
+
+def test_eval_frequency_without_eval_data_is_refused():
+    raw = _trainer_v2(pathlib.Path("/nonexistent"))
+    raw["trainer"]["fit"].pop("val_dataloader")
+    raw["trainer"]["init"]["loop"]["eval_frequency"] = 10
+    with pytest.raises(ConfigError, match=r"^trainer\.init\.loop\.eval_frequency: validation "
+                                          r"during fit reads the eval data"):
+        _config.require(_config.parse(raw), "fit")
+
+
 @pytest.mark.parametrize("key, bound", [("max_gradient_norm", 1e-3), ("max_gradient_value", 1e-3)])
 def test_clipping_from_the_optimizer_section_is_in_the_step(tmp_path, key, bound):
     # One SGD step without momentum: the update is -lr * clip(gradient). The gradient is far
@@ -233,7 +281,7 @@ def test_unknown_argument_in_a_function_section_is_refused_by_its_path(layout, s
         ("optimizer.max_gradient_norm=-1", "optimizer.max_gradient_norm must be a number > 0"),
         ("optimizer.loss_scaling_factor=sometimes",
          "optimizer.loss_scaling_factor must be 'dynamic' or a number > 0, got 'sometimes'"),
-        ("runconfig.eval_frequency=10", "runconfig.eval_frequency: validation during fit is not"),
+        ("runconfig.eval_frequency=0", "runconfig.eval_frequency must be an integer > 0, got 0"),
         ("runconfig.seed=one", "runconfig.seed must be an integer, got 'one'"),
         ("runconfig.save_initial_checkpoint=maybe",
          "runconfig.save_initial_checkpoint must be true or false, got 'maybe'"),
@@ -255,7 +303,8 @@ def test_bad_model_zoo_value_exits_2_with_one_message(tmp_path, capsys, override
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("trainer.init.loop.eval_frequency=5", "trainer.init.loop.eval_frequency: validation"),
+        ("trainer.init.loop.eval_frequency=often",
+         "trainer.init.loop.eval_frequency must be an integer > 0, got 'often'"),
         ("trainer.init.optimizer.SGD.momentum=fast",
          "trainer.init.optimizer.SGD.momentum must be a number >= 0, got 'fast'"),
         ("trainer.init.precision.initial_loss_scale=16",

@@ -410,3 +410,38 @@ def test_public_names():
         assert getattr(cstorch, name) is getattr(cstorch.utils.tensorboard, name)
     for name in ("SummaryWriter", "SummaryReader", "SummaryError", "ScalarEvent", "TensorEvent"):
         assert getattr(cstorch.utils.tensorboard, name) is getattr(cstorch.summaries, name)
+
+
+# ---- a full disk ----------------------------------------------------------------------------
+def _full_disk(*args):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_an_event_file_that_cannot_be_written_fails_at_once_and_is_removed(
+        tmp_path, monkeypatch):
+    import tensorboardX.record_writer
+
+    monkeypatch.setattr(tensorboardX.record_writer.RecordWriter, "flush", _full_disk)
+    with pytest.raises(SummaryError, match=r"Could not write the TensorBoard event file "
+                                           r".*events\.out\.tfevents\..*No space left"):
+        SummaryWriter(tmp_path / "logs")
+    assert list((tmp_path / "logs").iterdir()) == []
+
+
+def test_a_failed_close_raises_once_and_closes_the_writer(tmp_path, monkeypatch):
+    import tensorboardX.record_writer
+
+    writer = SummaryWriter(tmp_path)
+    writer.add_scalar("loss", 1.0, 1)
+    def close(records):  # the file closes, but its last buffered bytes did not fit
+        records._writer.close()
+        _full_disk()
+
+    monkeypatch.setattr(tensorboardX.record_writer.RecordWriter, "close", close)
+    with pytest.raises(SummaryError, match="No space left on device"):
+        writer.close()
+    writer.close()  # closed: a second close does nothing
+    with pytest.raises(cstorch.errors.ConfigError, match="is closed"):
+        writer.add_scalar("loss", 2.0, 2)
