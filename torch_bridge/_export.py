@@ -13,6 +13,7 @@ import torch._decomp
 from torch._C import DispatchKey
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ._rewrites import rewrite
 from .ops import _custom  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
 
 __all__ = ["KEPT_WHOLE", "export_program"]
@@ -150,4 +151,4 @@ def export_program(
             warnings.filterwarnings("ignore", message=message, category=category)
         program = torch.export.export(module, args, kwargs)
         _mark_gradient_stops(program)
-        return program.run_decompositions(_decompositions())
+        return rewrite(program.run_decompositions(_decompositions()))

@@ -138,9 +138,9 @@ def stack(tensors, dim=0):
 
 @lowering(aten.split_with_sizes.default, aten.split_with_sizes_copy.default)
 def split_with_sizes(x, split_sizes, dim=0):
-    a = axis(dim, x.ndim)
-    bounds = np.cumsum([0, *split_sizes])
-    return [lax.slice_in_dim(x, int(lo), int(hi), axis=a) for lo, hi in zip(bounds, bounds[1:])]
+    # One lax.split rather than a slice per piece: its derivative is one concatenate,
+    # where each slice's would pad its cotangent to x's full shape.
+    return list(lax.split(x, [int(s) for s in split_sizes], axis=axis(dim, x.ndim)))
 
 
 @lowering(aten.split.Tensor, aten.split_copy.Tensor)
