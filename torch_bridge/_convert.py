@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +20,7 @@ from .ops._dtypes import export_dtype, jax_dtype, to_jax
 from ._export import export_program
 from ._program import Program
 
-__all__ = ["Converted", "convert"]
+__all__ = ["Converted", "call_defaults", "convert", "random_seed"]
 
 
 def _named_state(
@@ -55,6 +57,30 @@ def _leaf_signature(x: Any) -> Any:
     return ("value", type(x).__name__, x)
 
 
+def call_defaults(module: torch.nn.Module) -> dict[str, Any]:
+    """Keyword inputs the bridge passes to ``module`` when its caller leaves them out.
+
+    A transformers ``PreTrainedModel`` whose forward takes ``use_cache`` defaults it to
+    True and then returns a ``DynamicCache``, which a static graph can neither export nor
+    use (the graph is exported again for every input shape): the bridge calls it with
+    ``use_cache=False`` unless the call passes ``use_cache`` itself.
+    """
+    transformers = sys.modules.get("transformers")
+    pretrained = getattr(transformers, "PreTrainedModel", None)
+    if pretrained is None or not isinstance(module, pretrained):
+        return {}
+    if "use_cache" not in inspect.signature(module.forward).parameters:
+        return {}
+    return {"use_cache": False}
+
+
+def random_seed() -> jax.Array:
+    """A ``jax.random`` key from torch's seed (``torch.manual_seed``), without drawing
+    from torch's generator."""
+    seed = torch.initial_seed()  # up to 64 bits; a key holds 32 bits per fold
+    return jax.random.fold_in(jax.random.key(seed & 0xFFFFFFFF), seed >> 32)
+
+
 class Converted:
     """A torch module converted to JAX: named state and a pure apply function.
 
@@ -83,14 +109,26 @@ class Converted:
         self._float_dtype = floats[0] if floats else None
         self._programs: dict[Any, Program] = {}
         self._calls: dict[Any, Callable] = {}
-        self._key = jax.random.key(0)
+        self._key = random_seed()
+        self.defaults = call_defaults(module)
 
     # ---- exporting ---------------------------------------------------------------
+    def flatten(self, args: tuple, kwargs: dict | None = None) -> tuple[list, Any]:
+        """A call's inputs as torch pytree leaves and structure, with the keyword inputs
+        of :func:`call_defaults` the caller left out added."""
+        kwargs = {**self.defaults, **(kwargs or {})}
+        return pytree.tree_flatten((tuple(args), kwargs))
+
     def program(self, args: tuple, kwargs: dict | None = None, *, train: bool | None = None
                 ) -> Program:
-        """The exported graph for inputs like these (exported at the first use, cached)."""
+        """The exported graph for inputs like these (exported at the first use, cached).
+
+        Array inputs are traced; every other input (a bool, int, string, None) is a
+        constant of the graph and part of its signature: ``use_cache=False`` and
+        ``use_cache=True`` are two graphs.
+        """
         train = self.train if train is None else bool(train)
-        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+        leaves, spec = self.flatten(args, kwargs)
         signature = (train, spec, tuple(_leaf_signature(x) for x in leaves))
         program = self._programs.get(signature)
         if program is None:
@@ -116,17 +154,24 @@ class Converted:
 
     # ---- running ------------------------------------------------------------------
     def run(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
-            train: bool | None = None, key: jax.Array | None = None) -> tuple[Any, dict]:
-        """``apply`` with the inputs as a tuple and a dict, in either mode."""
+            train: bool | None = None, key: jax.Array | None = None, flat: bool = False
+            ) -> tuple[Any, dict]:
+        """``apply`` with the inputs as a tuple and a dict, in either mode.
+
+        With ``flat=True`` the outputs are torch's pytree leaves (a list), for a caller
+        that returns them from ``jax.jit``: JAX does not know torch-side containers such
+        as a transformers ``ModelOutput``. ``self.program(args, kwargs).out_spec``
+        rebuilds them (``torch.utils._pytree.tree_unflatten``).
+        """
         program = self.program(args, kwargs, train=train)
-        leaves, _ = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        leaves, _ = self.flatten(args, kwargs)
         inputs = [to_jax(x) if _is_input_array(x) else x for x in leaves]
         outs, mutated = program.run(params, buffers, inputs, key)
         new_buffers = dict(buffers)
         for name, value in mutated.items():
             old = buffers.get(name)
             new_buffers[name] = value if old is None else value.astype(old.dtype)
-        return pytree.tree_unflatten(outs, program.out_spec), new_buffers
+        return (outs if flat else pytree.tree_unflatten(outs, program.out_spec)), new_buffers
 
     def apply(self, params: dict, buffers: dict, *inputs: Any, key: jax.Array | None = None,
               **kwinputs: Any) -> tuple[Any, dict]:
@@ -141,20 +186,25 @@ class Converted:
           **kwinputs: the module's keyword inputs.
 
         Returns:
-          The module's outputs (same structure as torch's) and every buffer after the
-          call (BatchNorm running statistics updated in train mode, exactly as torch).
+          The module's outputs (same structure as torch's: a transformers ``ModelOutput``
+          stays one, with JAX arrays inside; see ``run(..., flat=True)`` to return them
+          from ``jax.jit``) and every buffer after the call (BatchNorm running statistics
+          updated in train mode, exactly as torch).
         """
         return self.run(params, buffers, inputs, kwinputs, train=self.train, key=key)
 
     def __call__(self, *inputs: Any, **kwinputs: Any) -> Any:
         """Runs on this object's own params and buffers (jitted per input signature).
 
-        Buffers updated by a train-mode call are kept, as a torch module would. Random
-        ops draw from this object's own key, split on every Python call: inside a traced
-        step that is one fixed key, so give models with random ops to
-        ``cerebrax.compile`` (or call ``apply`` with a key) instead.
+        Array inputs are traced; the others (bools, ints, strings, None) are constants
+        of the graph. The outputs have torch's structure (a transformers ``ModelOutput``
+        with ``.logits`` and ``["logits"]``), holding JAX arrays. Buffers updated by a
+        train-mode call are kept, as a torch module would. Random ops draw from this
+        object's own key (seeded from ``torch.manual_seed``), split on every Python
+        call: inside a traced step that is one fixed key, so give models with random
+        ops to ``cerebrax.compile`` (or call ``apply`` with a key) instead.
         """
-        leaves, spec = pytree.tree_flatten((inputs, kwinputs))
+        leaves, spec = self.flatten(inputs, kwinputs)
         signature = (self.train, spec, tuple(_leaf_signature(x) for x in leaves))
         program = self.program(inputs, kwinputs)
         key = None
@@ -168,13 +218,13 @@ class Converted:
         out, new_buffers = fn(self.params, self.buffers, arrays, key)
         if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(new_buffers)):
             self.buffers = new_buffers
-        return out
+        return pytree.tree_unflatten(out, program.out_spec)
 
     def _call(self, spec, template, params, buffers, arrays, key):
         it = iter(arrays)
         leaves = [next(it) if x is _ARRAY else x for x in template]
         args, kwargs = pytree.tree_unflatten(leaves, spec)
-        return self.run(params, buffers, args, kwargs, key=key)
+        return self.run(params, buffers, args, kwargs, key=key, flat=True)
 
     def __repr__(self) -> str:
         n = sum(int(np.prod(v.shape)) for v in self.params.values())
@@ -183,13 +233,16 @@ class Converted:
                 f"{n:,} values, {len(self.buffers)} buffers, {mode} mode)")
 
 
-def convert(module: torch.nn.Module, example_inputs: Any = None, train: bool = False,
-            ) -> Converted:
+def convert(module: torch.nn.Module, example_inputs: Any = None, train: bool = False, *,
+            example_kwargs: dict[str, Any] | None = None) -> Converted:
     """Converts a torch module to named JAX state and a pure function.
 
     The module is exported with ``torch.export`` and decomposed to core ATen; every ATen
     op is lowered by the registry (see :func:`torch_bridge.lowering`). One export is
-    kept per mode and input signature; without ``example_inputs`` the first call exports.
+    kept per mode and input signature; without example inputs the first call exports.
+    Array inputs are traced; bools, ints, strings and None are constants of the graph.
+    A transformers model is called with ``use_cache=False`` unless the call passes
+    ``use_cache`` (see :func:`call_defaults`).
 
     Args:
       module: any ``torch.nn.Module``, parameter-free ones (losses) included.
@@ -197,18 +250,28 @@ def convert(module: torch.nn.Module, example_inputs: Any = None, train: bool = F
         (useful to surface unsupported ops early), or None.
       train: run in train mode (dropout active, BatchNorm batch statistics and
         running-statistic updates) or eval mode.
+      example_kwargs: keyword inputs to export with now, e.g.
+        ``{"input_ids": ids, "labels": ids}``; alone or with ``example_inputs``.
 
     Returns:
       A :class:`Converted`: ``.params``, ``.buffers``, pure ``.apply(params, buffers,
       *inputs, key=None) -> (outputs, new_buffers)``, and callable on inputs itself.
 
+    Raises:
+      TensorReadError: the module's forward branches on a tensor's value, which a static
+        graph cannot hold; the message names the source line.
+
     Example:
       >>> loss_fn = convert(torch.nn.CrossEntropyLoss())
       >>> loss = loss_fn(logits, labels)  # JAX arrays in, JAX array out
+      >>> lm = convert(gpt2, example_kwargs={"input_ids": ids, "labels": ids})
+      >>> lm(input_ids=ids, labels=ids).loss
     """
     converted = Converted(module, train=train)
-    if example_inputs is not None:
-        if not isinstance(example_inputs, tuple):
+    if example_inputs is not None or example_kwargs is not None:
+        if example_inputs is None:
+            example_inputs = ()
+        elif not isinstance(example_inputs, tuple):
             example_inputs = (example_inputs,)
-        converted.program(example_inputs)
+        converted.program(example_inputs, example_kwargs)
     return converted

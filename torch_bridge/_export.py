@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
+import io
+import logging
 import operator
+import re
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +17,9 @@ import torch
 import torch._decomp
 from torch._C import DispatchKey
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+from cerebrax.errors import ConfigError, TensorReadError
 
 from ._rewrites import rewrite
 from .ops import _custom  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
@@ -149,6 +157,113 @@ def export_program(
     with _mode(module, train), _fast_recurrent_shapes(), warnings.catch_warnings():
         for category, message in _TORCH_INTERNAL_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
-        program = torch.export.export(module, args, kwargs)
+        program = _export(module, args, kwargs)
         _mark_gradient_stops(program)
         return rewrite(program.run_decompositions(_decompositions()))
+
+
+# ---- export errors -------------------------------------------------------------------
+MSG_DATA_DEPENDENT = """\
+{module}'s forward branches on a tensor's value, which a compiled graph cannot do: the
+graph is captured once and runs the same ops for every value.
+{where}{hint}Fix: compute both branches and select with torch.where(cond, a, b), or make the
+decision outside forward (a Python flag argument is a constant of the graph)."""
+
+MSG_OUTPUT_TYPE = """\
+{module} returns a {kind}, which a compiled graph cannot return (only tensors and
+containers of tensors: tuples, lists, dicts, transformers ModelOutputs).
+{hint}Fix: return tensors only."""
+
+# Call flags that keep a model's forward free of what a static graph cannot hold, and
+# the value to pass: a transformers decoder with use_cache=True builds and returns a
+# key/value cache object.
+_STATIC_FLAGS = {"use_cache": False}
+
+
+def _export(module: torch.nn.Module, args: tuple, kwargs: dict
+            ) -> torch.export.ExportedProgram:
+    """``torch.export.export``, its failures on data-dependent code as short errors.
+
+    torch prints the partial graph of a failed export to stderr and logs a warning per
+    unnamed symbol; both are dropped here, the error names the source line instead.
+    """
+    with _quiet_export() as failed:
+        try:
+            return torch.export.export(module, args, kwargs)
+        except GuardOnDataDependentSymNode as e:
+            failed.append(e)
+            raise TensorReadError(MSG_DATA_DEPENDENT.format(
+                module=_name(module), where=_where(e), hint=_hint(module, kwargs))
+            ) from None
+        except RuntimeError as e:
+            found = re.match(r"Found <class '([\w.]+)'> in output, which is not a known "
+                             r"type", str(e))
+            if found is None:
+                raise
+            raise ConfigError(MSG_OUTPUT_TYPE.format(
+                module=_name(module), kind=found.group(1), hint=_hint(module, kwargs))
+            ) from None
+
+
+class _DropLogs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[list]:
+    """Holds back what torch writes to stderr during an export, and drops its symbolic
+    shape warnings; afterwards writes the rest, less the graph of a failed export (the
+    block appends the export's error to the list it gets)."""
+    stderr, quiet, failed = io.StringIO(), _DropLogs(), []
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    logger.addFilter(quiet)
+    try:
+        with contextlib.redirect_stderr(stderr):
+            yield failed
+    finally:
+        logger.removeFilter(quiet)
+        text = stderr.getvalue()
+        for error in failed:
+            graph = getattr(error, "partial_fx_graph", None)
+            if graph is not None:
+                text = text.replace(str(graph), "")
+        if text.strip():
+            sys.stderr.write(text)
+
+
+def _name(module: torch.nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def _where(error: BaseException) -> str:
+    """The source line torch reports for ``error`` (its user frame)."""
+    found = re.search(r"The following call raised this error:\n(.*?)\n\n", str(error),
+                      re.DOTALL)
+    if found:
+        return "The branch is at\n" + found.group(1).rstrip() + "\n"
+    for frame in reversed(inspect.getinnerframes(error.__traceback__, context=1)):
+        if "/torch/" not in frame.filename:
+            code = (frame.code_context or [""])[0].strip()
+            return (f"The branch is at\n  File \"{frame.filename}\", line {frame.lineno}, "
+                    f"in {frame.function}\n    {code}\n")
+    return ""
+
+
+def _hint(module: torch.nn.Module, kwargs: dict) -> str:
+    """The flags of :data:`_STATIC_FLAGS` the module takes and the call sets otherwise."""
+    try:
+        accepted = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return ""
+    wrong = {}
+    for flag, good in _STATIC_FLAGS.items():
+        if flag in accepted:
+            value = kwargs.get(flag, accepted[flag].default)
+            if value is not inspect.Parameter.empty and value != good:
+                wrong[flag] = (value, good)
+    if not wrong:
+        return ""
+    passed = ", ".join(f"{k}={v!r}" for k, (v, _) in wrong.items())
+    fix = ", ".join(f"{k}={g!r}" for k, (_, g) in wrong.items())
+    return f"The call runs it with {passed}; pass {fix} to avoid this.\n"

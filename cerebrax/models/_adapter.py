@@ -40,6 +40,19 @@ class ModelAdapter(abc.ABC):
     def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
               train: bool, key: jax.Array | None) -> tuple[Any, dict]: ...
 
+    def initial_key(self) -> jax.Array:
+        """The model's first ``jax.random`` key (when :attr:`needs_key`); split per call."""
+        return jax.random.key(0)
+
+    def outputs(self, out: Any, *, torch_tensors: bool) -> Any:
+        """What a call returns, from what :meth:`apply` returned.
+
+        ``apply`` returns a JAX pytree (it crosses ``jax.jit``); a model whose outputs
+        are containers JAX does not know rebuilds them here. ``torch_tensors``: the
+        call is in a traced step on torch inputs, and torch code reads the outputs.
+        """
+        return out
+
     def parameter_aliases(self) -> Mapping[Any, str]:
         """``{original parameter object: name}``, for optimizers given those objects.
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _state, wse
-from .._filters import is_torch_module, is_torch_tensor
+from .._filters import is_array, is_torch_module, is_torch_tensor
 from .._interop import as_jax, to_numpy, torch_to_jax
 from .._precision import cast_floating, compute_dtype
 from .._runtime import RUNTIME
@@ -114,7 +114,7 @@ class CompiledModel:
             for name, v in adapter.buffers().items()
         }
         self._rng = (
-            _state.StateRef(jax.random.key_data(jax.random.key(0)), name="model rng")
+            _state.StateRef(jax.random.key_data(adapter.initial_key()), name="model rng")
             if adapter.needs_key else None
         )
         for original, name in adapter.parameter_aliases().items():
@@ -232,19 +232,13 @@ class CompiledModel:
         # (for the torch loss after it); called on JAX or numpy values, JAX arrays.
         torch_in = self.is_torch and any(map(is_torch_tensor, jax.tree.leaves(
             (args, kwargs), is_leaf=is_torch_tensor)))
-        return self._as_torch(out) if torch_in else out
+        return self._adapter.outputs(out, torch_tensors=torch_in)
 
     @property
     def is_torch(self) -> bool:
         """Whether the model is a torch module (a traced step then sees torch inputs as
         torch tensors)."""
         return self._adapter.is_torch
-
-    @staticmethod
-    def _as_torch(out: Any) -> Any:
-        from torch_bridge import JaxTensor
-
-        return jax.tree.map(lambda x: JaxTensor(x) if isinstance(x, jax.Array) else x, out)
 
     def _forward(self, params, buffers, key, args, kwargs, train):
         dtype = compute_dtype(self.backend)
@@ -272,36 +266,59 @@ class CompiledModel:
         return out, new_buffers
 
     def _call_eagerly(self, args: tuple, kwargs: dict) -> Any:
-        """A forward outside a traced step: a jitted call on the current values."""
-        args, kwargs = _torch_leaves_to_jax((args, kwargs))
+        """A forward outside a traced step: a jitted call on the current values.
+
+        Array inputs are traced; the others (bools, ints, strings) are constants of the
+        jitted call, one compile per distinct value, as in a traced step.
+        """
+        leaves, treedef = jax.tree.flatten(_torch_leaves_to_jax((args, kwargs)))
         train = self.training
-        fn = self._eager.get(train)
+        static = tuple(None if is_array(x) else _static_key(x) for x in leaves)
+        fn = self._eager.get((train, treedef, static))
         if fn is None:
-            fn = jax.jit(lambda p, b, k, a, kw: self._forward(p, b, k, a, kw, train))
-            self._eager[train] = fn
+            template = [_ARRAY if is_array(x) else x for x in leaves]
+
+            def forward(p, b, k, arrays):
+                it = iter(arrays)
+                a, kw = jax.tree.unflatten(treedef, [next(it) if x is _ARRAY else x
+                                                     for x in template])
+                return self._forward(p, b, k, a, kw, train)
+
+            fn = self._eager[(train, treedef, static)] = jax.jit(forward)
         key = None
         if self._rng is not None:
             key, new = jax.random.split(self._rng.value)
             self._rng.value = new
         params = {n: p.value for n, p in self._params.items()}
         buffers = {n: b.value for n, b in self._buffers.items()}
+        arrays = [x for x in leaves if is_array(x)]
         layout = getattr(self.backend, "layout", None)
         if layout is not None:
             # On a wafer mesh every value of the call lives on the mesh (state in its
             # layout, which a traced step may have placed already; inputs replicated).
             params, buffers = layout.place_state(params), layout.place_state(buffers)
-            args, kwargs = jax.tree.map(
-                lambda x: jax.device_put(x, layout.replicated)
-                if isinstance(x, (jax.Array, np.ndarray)) else x, (args, kwargs))
-        out, new_buffers = fn(params, buffers, key, args, kwargs)
+            arrays = [jax.device_put(x, layout.replicated) for x in arrays]
+        out, new_buffers = fn(params, buffers, key, arrays)
         for name, value in new_buffers.items():
             self._buffers[name].value = value
-        return out
+        return self._adapter.outputs(out, torch_tensors=False)
 
     def __repr__(self) -> str:
         n = sum(int(np.prod(p.shape)) for p in self._params.values())
         return (f"CompiledModel({type(self.model).__name__}, {len(self._params)} parameters, "
                 f"{n:,} values, backend={self.backend.backend_type})")
+
+
+_ARRAY = object()  # stands for an array input in an eager call's template
+
+
+def _static_key(x: Any) -> Any:
+    """A non-array input as part of an eager call's cache key."""
+    try:
+        hash(x)
+    except TypeError:
+        return (type(x).__name__, repr(x))
+    return (type(x).__name__, x)
 
 
 def _torch_leaves_to_jax(tree: Any) -> Any:

@@ -7,51 +7,43 @@ the original module to the compiled state (:mod:`._torch_hooks`).
 
 from __future__ import annotations
 
-import inspect
-import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import torch
 import torch.utils._pytree as pytree
 
-from torch_bridge import Converted, Program, to_jax
+from torch_bridge import Converted, JaxTensor, random_seed, to_jax
 
 from .._filters import is_array
-from ..errors import ConfigError
 from ..wse import Layers, Stage
 from ._adapter import ModelAdapter
 
-__all__ = ["TorchModelAdapter", "torch_model_adapter"]
+__all__ = ["TorchModelAdapter", "TorchOutputs", "torch_model_adapter"]
 
-# Words in a forward's source that suggest a random op (checked before any export, when
-# cerebrax asks whether the model needs a PRNG key).
-_RANDOM_CALLS = re.compile(
-    r"\b(dropout\w*|rand|randn|randint|rand_like|randn_like|randint_like|randperm|"
-    r"bernoulli_?|multinomial|normal_?|uniform_|exponential_|geometric_|poisson)\b"
-)
+@jax.tree_util.register_pytree_node_class
+class TorchOutputs:
+    """A torch module's outputs on their way through JAX: torch's pytree leaves and the
+    torch structure they came in (a transformers ``ModelOutput``, a dict, a tuple).
 
+    JAX sees the leaves (they cross ``jax.jit`` and micro-batch scans); :meth:`rebuild`
+    gives the structure back.
+    """
 
-def _may_be_random(module: torch.nn.Module) -> bool:
-    """Whether ``module`` may run random ops; errs on the side of True."""
-    nn = torch.nn
-    for m in module.modules():
-        cls = type(m)
-        if cls.__module__.startswith("torch.nn."):
-            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-                return True
-            if isinstance(m, nn.RNNBase) and m.dropout > 0 and m.num_layers > 1:
-                return True
-            if isinstance(m, nn.MultiheadAttention) and m.dropout > 0:
-                return True
-            continue
-        try:
-            source = inspect.getsource(cls.forward)
-        except (OSError, TypeError):
-            return True
-        if _RANDOM_CALLS.search(source):
-            return True
-    return False
+    def __init__(self, leaves: list, spec: pytree.TreeSpec):
+        self.leaves = list(leaves)
+        self.spec = spec
+
+    def tree_flatten(self) -> tuple[tuple, pytree.TreeSpec]:
+        return tuple(self.leaves), self.spec
+
+    @classmethod
+    def tree_unflatten(cls, spec: pytree.TreeSpec, leaves: Any) -> TorchOutputs:
+        return cls(list(leaves), spec)
+
+    def rebuild(self, leaf: Callable[[Any], Any]) -> Any:
+        return pytree.tree_unflatten([leaf(x) for x in self.leaves], self.spec)
 
 
 class TorchModelAdapter(ModelAdapter):
@@ -68,15 +60,26 @@ class TorchModelAdapter(ModelAdapter):
       identity); those with ``requires_grad=False`` are not trained;
     - its ``state_dict()`` and ``load_state_dict()`` read and write the compiled state
       (torch state-dict hooks, see :mod:`cerebrax.models._torch_hooks`).
+
+    Every torch model gets a PRNG key per call (``needs_key``), seeded from
+    ``torch.manual_seed``: whether its graph has random ops (dropout, stochastic depth,
+    ``torch.rand``) is known only once it is exported, at the first call inside the
+    step, after the step's state is fixed. Each random op of the graph draws from its
+    own split of the key; a graph without random ops leaves the key unused.
+
+    Array inputs are traced; bools, ints, strings and None are constants of the graph.
+    A transformers model runs with ``use_cache=False`` unless the call passes it
+    (:func:`torch_bridge.call_defaults`). Outputs keep torch's structure: a
+    ``ModelOutput`` answers ``out.loss`` and ``out["logits"]``.
     """
 
     is_torch = True
+    needs_key = True
 
-    def __init__(self, module: torch.nn.Module, *, needs_key: bool | None = None):
+    def __init__(self, module: torch.nn.Module):
         self.module = module
         self.converted = Converted(module, train=module.training)
         self.initially_training = module.training
-        self.needs_key = _may_be_random(module) if needs_key is None else bool(needs_key)
         self._state_names = list(module.state_dict(keep_vars=True))
         self._frozen = {name for name, p in module.named_parameters()
                         if not p.requires_grad}
@@ -87,21 +90,20 @@ class TorchModelAdapter(ModelAdapter):
     def buffers(self) -> dict[str, Any]:
         return self.converted.buffers
 
-    def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *, train: bool,
-              key: jax.Array | None) -> tuple[Any, dict]:
-        self._program(args, kwargs, train, key)
-        return self.converted.run(params, buffers, args, kwargs, train=train, key=key)
+    def initial_key(self) -> jax.Array:
+        return random_seed()
 
-    def _program(self, args: tuple, kwargs: dict, train: bool, key: Any) -> Program:
+    def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *, train: bool,
+              key: jax.Array | None) -> tuple[TorchOutputs, dict]:
         program = self.converted.program(args, kwargs, train=train)
-        if program.needs_key and key is None:
-            raise ConfigError(
-                f"The exported {type(self.module).__name__} has random ops "
-                f"({', '.join(str(n.target) for n in program.random_nodes[:3])}) but its "
-                "source did not show them, so no PRNG key was set up. Build the adapter "
-                "with cerebrax.models.torch_model_adapter(module, needs_key=True)."
-            )
-        return program
+        out, new_buffers = self.converted.run(params, buffers, args, kwargs, train=train,
+                                              key=key, flat=True)
+        return TorchOutputs(out, program.out_spec), new_buffers
+
+    def outputs(self, out: TorchOutputs, *, torch_tensors: bool) -> Any:
+        if not torch_tensors:
+            return out.rebuild(lambda x: x)
+        return out.rebuild(lambda x: JaxTensor(x) if isinstance(x, jax.Array) else x)
 
     def pipeline_layers(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
                         train: bool) -> Layers:
@@ -122,12 +124,12 @@ class TorchModelAdapter(ModelAdapter):
             part = program.stage(nodes, lo, hi)
 
             def fn(p, b, carry, a, kw, key):
-                leaves, _ = pytree.tree_flatten((tuple(a), dict(kw)))
+                leaves, _ = self.converted.flatten(a, kw)
                 inputs = [to_jax(x) if is_array(x, torch=True) else x for x in leaves]
                 out, mutated = part.run(p, b, carry, inputs, key)
                 mutated = {n: v.astype(b[n].dtype) for n, v in mutated.items()}
                 if part.last:
-                    out = pytree.tree_unflatten(out, program.out_spec)
+                    out = TorchOutputs(out, program.out_spec)
                 return out, mutated
 
             return Stage(fn, part.params, part.buffers)
@@ -163,13 +165,10 @@ class TorchModelAdapter(ModelAdapter):
         install(self.module, compiled)
 
 
-def torch_model_adapter(module: torch.nn.Module, *, needs_key: bool | None = None
-                        ) -> TorchModelAdapter:
+def torch_model_adapter(module: torch.nn.Module) -> TorchModelAdapter:
     """The :class:`ModelAdapter` of a torch module (what ``cstorch.compile`` uses).
 
     Args:
       module: the torch module; it is not modified.
-      needs_key: whether the model needs a PRNG key per call; None guesses from the
-        module's dropout layers and the source of its ``forward`` methods.
     """
-    return TorchModelAdapter(module, needs_key=needs_key)
+    return TorchModelAdapter(module)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -91,11 +92,18 @@ def test_optimizer_accepts_the_original_parameters_of_a_tied_model():
     assert aliases[module.lm_head.weight] == "wte.weight"
 
 
-def test_needs_key_only_for_models_with_random_ops():
-    assert not cstorch.models.torch_model_adapter(seeded(MLP)).needs_key
-    assert not cstorch.models.torch_model_adapter(seeded(CNN, p=0.0)).needs_key
-    assert cstorch.models.torch_model_adapter(seeded(CNN, p=0.5)).needs_key
-    assert cstorch.models.torch_model_adapter(nn.LSTM(3, 4, num_layers=2, dropout=0.1)).needs_key
+def test_every_torch_model_gets_a_key_seeded_from_torch():
+    # Random ops are known only after the export, at the first call inside a step:
+    # every torch model owns a key, whatever its source shows.
+    for module in (seeded(MLP), seeded(CNN, p=0.0), seeded(CNN, p=0.5)):
+        assert cstorch.models.torch_model_adapter(module).needs_key
+    adapter = cstorch.models.torch_model_adapter(seeded(MLP))
+    torch.manual_seed(5)
+    first = jax.random.key_data(adapter.initial_key())
+    torch.manual_seed(5)
+    assert np.array_equal(first, jax.random.key_data(adapter.initial_key()))
+    torch.manual_seed(6)
+    assert not np.array_equal(first, jax.random.key_data(adapter.initial_key()))
 
 
 def test_dropout_model_gets_a_fresh_mask_every_step():
