@@ -10,8 +10,8 @@
 steps that remain), prints the loss every ``runconfig.log_steps`` steps and saves
 ``model_dir/checkpoint_<step>.mdl`` every ``runconfig.checkpoint_steps`` steps and at
 the end. A save copies the state to host memory during the step loop; the file is
-written in the background (atomically, as every save), and the next save or the end of
-the run waits for it and prints ``saved PATH``. With ``runconfig.eval_frequency`` (or
+written in the background (atomically, as every save); ``saved PATH`` is printed once it
+is written, and the next save and the end of the run wait for it. With ``runconfig.eval_frequency`` (or
 ``trainer.init.loop.eval_frequency``) ``fit`` also validates every that many steps and
 after the last one: ``eval_steps`` batches of the eval data through one compiled
 evaluation step, printed as ``step N  eval loss ...`` with the metrics. ``fit`` writes

@@ -145,10 +145,11 @@ class _Saver:
     """The command's checkpoints: written in the background, one at a time.
 
     ``save`` copies the state to host memory and returns; the H5 file is written and
-    renamed into place in a background thread (atomic, as every save). The next save
-    and :meth:`finish` wait for it, then print ``saved PATH``, record the run's config
-    (at the first save) and apply the retention (``keep_last_n``), so retention only
-    ever counts complete files.
+    renamed into place in a background thread (atomic, as every save). :meth:`poll`
+    (after every step) finishes a written save without waiting; the next save and the
+    end of the run wait for it. Finishing prints ``saved PATH``, records the run's
+    config (at the first save) and applies the retention (``keep_last_n``), so
+    retention only ever counts complete files.
     """
 
     def __init__(self, run: Any, config: dict):
@@ -159,6 +160,11 @@ class _Saver:
         self.finish()
         path = os.path.join(self.run.model_dir, f"checkpoint_{step}.mdl")
         self.pending = (save(state_dict, path, background=True), path)
+
+    def poll(self) -> None:
+        """Finishes the pending save if its file is written (never blocks)."""
+        if self.pending is not None and self.pending[0].done():
+            self.finish()
 
     def finish(self) -> None:
         """Waits for the pending save; raises CheckpointError if it failed."""
@@ -356,6 +362,7 @@ def run_fit(
                 timer.report(outputs[0])
             log_step(outputs, step)
             save_checkpoint(step)
+            saver.poll()  # "saved PATH" once the background write is done
             if validate is not None and (step % run.eval_frequency == 0
                                          or step == run.num_steps):
                 validate(step)
