@@ -16,6 +16,7 @@ screen through ``tee``, later than the bar, and would land on the bar's line.
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -51,6 +52,14 @@ def write(line: str, *, file: TextIO | None = None) -> None:
 def _isatty(stream: Any) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty()) if callable(isatty) else False
+
+
+def _width(stream: Any) -> int:
+    """The width of the terminal ``stream`` writes to (0: unknown or not a terminal)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _live_by_default(stream: Any) -> bool:
@@ -99,6 +108,7 @@ class ProgressBar:
         self._outputs: collections.deque = collections.deque(maxlen=8)
         self.loss: float | None = None
         self.done = 0
+        sized = _width(self.stream) > 0
         self._bar = _Bar(
             total=total,
             file=self.stream,
@@ -107,7 +117,12 @@ class ProgressBar:
             bar_format=BAR_FORMAT,
             unit=" steps",
             mininterval=0.25,
-            dynamic_ncols=True,
+            # Follow the terminal's size; a terminal that reports none (a pseudo-terminal
+            # nobody sized, as under `script` or some CI runners) is taken as 100 x 24,
+            # where tqdm would draw nothing.
+            dynamic_ncols=sized,
+            ncols=None if sized else 100,
+            nrows=None if sized else 24,
         )
 
     def note_output(self, output: Any) -> None:

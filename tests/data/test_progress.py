@@ -113,3 +113,23 @@ def test_bar_on_stderr_is_live_only_when_stdout_is_a_terminal_too(monkeypatch):
     monkeypatch.setattr(sys, "stdout", Terminal())
     assert ProgressBar(3).live
     assert ProgressBar(3, stream=Terminal()).live  # another stream: its own isatty decides
+
+
+def test_a_terminal_of_unknown_size_still_shows_the_bar():
+    """A pseudo-terminal nobody sized (0 x 0, as under `script` or some CI runners):
+    tqdm alone would draw nothing there."""
+    import os
+
+    master, slave = os.openpty()
+    try:
+        assert os.get_terminal_size(slave).columns == 0
+        with os.fdopen(os.dup(slave), "w") as stream:
+            bar = ProgressBar(4, live=True, stream=stream)
+            bar.update(4)
+            bar.close()
+        os.set_blocking(master, False)
+        shown = os.read(master, 65536).decode()
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert "step 4/4" in shown, shown
