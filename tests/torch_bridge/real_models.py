@@ -246,6 +246,8 @@ VISION_CASES = [
                                       window_size=4, embed_dim=16, depths=(1, 1),
                                       num_heads=(1, 2), drop_path_rate=0.0),
          _image_inputs(32), "sum"),
+    Case("squeezenet1_1", "vision", _torchvision("squeezenet1_1", dropout=0.0),
+         _image_inputs(64), "sum"),
     Case("shufflenet_v2", "vision", _torchvision("shufflenet_v2_x0_5"), _image_inputs(64), "sum"),
 ]
 
