@@ -62,3 +62,8 @@ def fresh_cerebrax(tmp_path, monkeypatch):
     chex.clear_trace_counter()
     yield
     cstorch.reset()
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "zoo_slow: a slow model-zoo case, run only with CEREBRAX_ZOO_ALL=1")
