@@ -64,19 +64,10 @@ WELL_CONDITIONED = {"gpt2", "llama", "opt", "bert", "roberta", "modernbert", "t5
                     "swin_tiny"}
 
 # (case, mode) -> the reason a case fails today, with the exact error (strict xfail).
-# ReLU meets exact zeros in two of the networks: timm's RegNet starts every block's last
-# BatchNorm at weight 0 (block outputs are the shortcut itself), and an eval-mode
-# BatchNorm at its initial statistics (mean 0, variance 1, bias 0) keeps DenseNet's exact
-# zeros. torch's ReLU gradient at 0 is 0; the bridge's (jnp.maximum(x, 0)) is 0.5.
-_RELU_AT_ZERO = "torch_bridge's relu has gradient 0.5 at exactly 0 (torch: 0): "
-XFAIL: dict[tuple[str, str], str] = {
-    ("regnetx_002", "train"): _RELU_AT_ZERO + "AssertionError: regnetx_002 (train): "
-    "'grads': (0.4999997..., 's3.b4.conv3.bn.bias')",
-    ("regnetx_002", "eval"): _RELU_AT_ZERO + "AssertionError: regnetx_002 (eval): "
-    "'grads': (0.6581505..., 's3.b4.conv3.bn.bias')",
-    ("densenet_small", "eval"): _RELU_AT_ZERO + "AssertionError: densenet_small (eval): "
-    "'grads': (0.0140726..., 'features.denseblock1.denselayer2.norm1.bias')",
-}
+# None now: ReLU meeting exact zeros (timm's RegNet starts every block's last BatchNorm at
+# weight 0; an eval-mode BatchNorm at its initial statistics keeps DenseNet's zeros) had
+# the bridge's gradient 0.5 at 0 where torch's is 0, until the lowering took torch's.
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _rel(a: np.ndarray, b: np.ndarray, floor: float = 0.0) -> float:

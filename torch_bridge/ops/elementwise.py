@@ -111,23 +111,28 @@ def fmin(x, y):
     return jnp.fmin(x, y)
 
 
+# Bounds are applied with `where`, not maximum/minimum: torch's gradient is 1 inside the
+# closed interval [min, max] (where maximum/minimum would give 0.5 at a tie), flows to a
+# tensor bound where it is taken, and NaN passes through. With min > max every element
+# is max, as in torch.
 @lowering(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x, min=None, max=None):  # noqa: A002
+    out = x
     if min is not None:
-        x = jnp.maximum(x, min)
+        out = jnp.where(x < min, min, out)
     if max is not None:
-        x = jnp.minimum(x, max)
-    return x
+        out = jnp.where(out > max, max, out)
+    return out
 
 
 @lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(x, min):  # noqa: A002
-    return jnp.maximum(x, min)
+    return jnp.where(x < min, min, x)
 
 
 @lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(x, max):  # noqa: A002
-    return jnp.minimum(x, max)
+    return jnp.where(x > max, max, x)
 
 
 @lowering(aten.atan2.default)
@@ -320,7 +325,8 @@ def logit(x, eps=None):
 # ---- activations ---------------------------------------------------------------------
 @lowering(aten.relu.default)
 def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+    # torch's gradient at 0 is 0 (maximum's would be 0.5); NaN passes through.
+    return jnp.where(x <= 0, jnp.zeros((), x.dtype), x)
 
 
 @lowering(aten.gelu.default)
@@ -343,7 +349,8 @@ def mish(x):
 
 @lowering(aten.hardtanh.default)
 def hardtanh(x, min_val=-1.0, max_val=1.0):
-    return jnp.clip(x, min_val, max_val)
+    # torch's gradient is 1 only strictly inside (min_val, max_val): ReLU6 at 0 gets 0.
+    return jnp.where(x <= min_val, min_val, jnp.where(x >= max_val, max_val, x)).astype(x.dtype)
 
 
 @lowering(aten.hardsigmoid.default)
