@@ -39,10 +39,13 @@ LR, END_LR, TOTAL = 1e-3, 1e-5, 10_000
 
 
 def make_data(n: int = 32) -> list[tuple[jax.Array, jax.Array]]:
+    """Torch batches placed as a cstorch DataLoader streams them: JAX arrays on the
+    device that both steps see as torch tensors (the model then returns torch tensors)."""
     rng = np.random.default_rng(0)
-    return [(jnp.asarray(rng.normal(size=(BATCH, SIZES[0])).astype(np.float32)),
-             jnp.asarray(rng.integers(0, SIZES[-1], size=BATCH).astype(np.int32)))
-            for _ in range(n)]
+    return [cstorch.data.to_device((
+        torch.from_numpy(rng.normal(size=(BATCH, SIZES[0])).astype(np.float32)),
+        torch.from_numpy(rng.integers(0, SIZES[-1], size=BATCH)),
+    )) for _ in range(n)]
 
 
 def build() -> dict:
