@@ -17,6 +17,11 @@ Targets: time to first step <= 1.5x torch.compile's; peak <= 4x parameter bytes 
 
     nice python benchmarks/bench_zoo.py               # every case, both modes
     python benchmarks/bench_zoo.py --cases gpt2,resnet18 --modes train --no-write
+
+A full run takes hours on a small machine (torch.compile builds C++ for every model), so
+each finished row is kept in ``benchmarks/zoo_rows.json`` with the load average it ran
+under; a later run skips the rows already measured (``--fresh`` measures everything
+again) and the table in RESULTS.md is written from all kept rows.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ sys.path.insert(0, str(ROOT / "tests" / "torch_bridge"))
 
 TIME_TARGET = 1.5
 GB = 1 << 30
+ROWS = ROOT / "benchmarks" / "zoo_rows.json"
 
 
 def _peak_bytes() -> int:
@@ -127,14 +133,16 @@ def row(ours: dict, theirs: dict) -> dict:
     r["ratio"] = (r["ours_s"] / r["torch_s"]) if r["ours_s"] and r["torch_s"] else None
     r["mem_ok"] = ours.get("peak_bytes", float("inf")) <= budget
     r["budget_mb"] = budget / 2**20
+    r["messages"] = [f"{side['side']} {side['name']} ({side['mode']}): {side['error']}: "
+                     f"{side.get('message', '')}" for side in (ours, theirs) if "error" in side]
     return r
 
 
 def table(rows: list[dict]) -> str:
     head = ("| model | mode | parameters | cerebrax convert+compile to first step (s) "
             "| peak MB (cerebrax) | torch.compile to first step (s) | peak MB (torch) "
-            "| ratio | time <= 1.5x | memory <= 4x params + 1 GB |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|---|---|\n")
+            "| ratio | time <= 1.5x | memory <= 4x params + 1 GB | load |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|\n")
     lines = []
     for r in rows:
         ours = f"{r['ours_s']:.1f}" if r["ours_s"] is not None else r["ours_error"]
@@ -144,7 +152,7 @@ def table(rows: list[dict]) -> str:
         mem = f"{'yes' if r['mem_ok'] else 'no'} (of {r['budget_mb']:.0f})"
         lines.append(f"| {r['model']} | {r['mode']} | {r['params']:,} | {ours} "
                      f"| {r['ours_mb']:.0f} | {theirs} | {r['torch_mb']:.0f} | {ratio} "
-                     f"| {time_ok} | {mem} |")
+                     f"| {time_ok} | {mem} | {r.get('load', 0):.1f} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -164,6 +172,7 @@ def main() -> None:
     parser.add_argument("--modes", default="train,eval")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--fresh", action="store_true", help="forget the kept rows")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)), flush=True)
@@ -173,27 +182,34 @@ def main() -> None:
     names = args.cases.split(",") if args.cases else list(real_models.CASES)
     header = machine()
     print(header, flush=True)
-    rows, messages = [], []
+    kept = {} if args.fresh or args.no_write or not ROWS.exists() else {
+        (r["model"], r["mode"]): r for r in json.loads(ROWS.read_text())}
+    rows = []
     for name in names:
         for mode in args.modes.split(","):
+            if (name, mode) in kept:
+                continue
+            load = os.getloadavg()[0]
             ours = measure("cerebrax", name, mode, args.timeout)
             theirs = measure("torch", name, mode, args.timeout)
-            rows.append(row(ours, theirs))
-            for side in (ours, theirs):
-                if "error" in side:
-                    messages.append(f"{side['side']} {name} ({mode}): {side['error']}: "
-                                    f"{side.get('message', '')}")
+            rows.append(dict(row(ours, theirs), load=load))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
             if not args.no_write:  # after every row: a long run that is cut keeps its rows
+                kept[name, mode] = rows[-1]
+                ROWS.write_text(json.dumps(list(kept.values()), indent=1) + "\n")
                 from results import write_section
 
+                order = {(n, m): i for i, (n, m) in enumerate(
+                    (n, m) for n in real_models.CASES for m in ("train", "eval"))}
+                everything = sorted(kept.values(),
+                                    key=lambda r: order.get((r["model"], r["mode"]), 1 << 30))
                 write_section(ROOT / "benchmarks" / "RESULTS.md", "zoo",
-                              report(header, rows, messages))
+                              report(header, everything))
     print(table(rows))
-    print("\n".join(messages))
+    print("\n".join(m for r in rows for m in r["messages"]))
 
 
-def report(header: str, rows: list[dict], messages: list[str]) -> str:
+def report(header: str, rows: list[dict]) -> str:
     ratios = sorted(r["ratio"] for r in rows if r["ratio"] is not None)
     met = sum(r <= TIME_TARGET for r in ratios)
     mem = sum(r["mem_ok"] for r in rows)
@@ -201,9 +217,12 @@ def report(header: str, rows: list[dict], messages: list[str]) -> str:
                + (f" (ratio median {ratios[len(ratios) // 2]:.2f}, range "
                   f"{ratios[0]:.2f} - {ratios[-1]:.2f})" if ratios else "")
                + f"; memory target met in {mem} of {len(rows)}.")
+    messages = [m for r in rows for m in r.get("messages", [])]
     errors = ("\n\nErrors:\n\n" + "\n".join(f"- {m}" for m in messages)) if messages else ""
     return (f"## Model zoo: time to first step and peak memory (`bench_zoo.py`)\n\n"
-            f"Machine: {header}.\n\n{table(rows)}\n{summary}{errors}\n")
+            f"Machine: {header.split(', load average')[0]}. The load column is the "
+            f"machine's load average when the row's measurement started.\n\n"
+            f"{table(rows)}\n{summary}{errors}\n")
 
 
 if __name__ == "__main__":
