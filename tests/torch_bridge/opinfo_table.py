@@ -12,6 +12,8 @@ SKIPS names OpInfos (or one sample, ``"name[i]"``) whose ops the bridge lowers b
 outputs cannot be compared with torch eager; the reason is on every line.
 """
 
+import torch
+
 TESTED: list[str] = [
     "__rdiv__", "__rmod__", "__rpow__", "_unsafe_masked_index",
     "_unsafe_masked_index_put_accumulate", "acos", "acosh", "addmm", "all", "amax", "aminmax",
@@ -20,7 +22,7 @@ TESTED: list[str] = [
     "column_stack", "cosh", "cumulative_trapezoid", "diagonal", "diff", "div.trunc_rounding",
     "erf", "expm1", "fft.fft", "fft.fftshift", "fft.ifftshift", "fft.irfft", "fft.irfftn",
     "fft.rfft", "fliplr", "flipud", "float_power", "floor", "floor_divide", "fmod", "frac",
-    "grid_sampler_2d", "gt", "heaviside", "index_add", "index_put", "isclose", "isinf", "le",
+    "grid_sampler_2d", "gt", "heaviside", "histc", "index_add", "index_put", "isclose", "isinf", "le",
     "linalg.cross", "linalg.diagonal", "log10", "log2", "log_softmax",
     "log_softmax.with_dtype", "logaddexp", "logaddexp2", "logical_or", "logical_xor",
     "logspace", "logspace.tensor_overload", "lt", "masked.argmax", "masked.argmin",
@@ -67,6 +69,8 @@ SKIPS: dict[str, str] = {
     "new_empty": "output is uninitialized memory in torch",
     "empty_strided": "output is uninitialized memory in torch",
     "new_empty_strided": "output is uninitialized memory in torch",
+    "empty_permuted": "output is uninitialized memory in torch (test_core_aten_coverage.py "
+                      "checks it after a copy_)",
     "resize_": "in-place resize; grown storage is uninitialized memory in torch",
     # Random ops: the bridge draws from JAX's generator (a key per graph node), so values
     # differ from torch's generator by design.
@@ -112,4 +116,45 @@ SKIPS: dict[str, str] = {
     "jiterator_4inputs_with_extra_args": "CUDA only (jiterator)",
     "jiterator_binary_return_by_ref": "CUDA only (jiterator)",
     "jiterator_2inputs_2outputs": "CUDA only (jiterator)",
+}
+
+# The dtypes every tested OpInfo is checked at, where torch supports them on CPU.
+DTYPES: list[torch.dtype] = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
+
+# (rtol, atol) at the other dtypes: one or two units in the last place of the result
+# (bfloat16 keeps 8 bits of mantissa, float16 11); integer results must be equal.
+DTYPE_TOL: dict[torch.dtype, tuple[float, float]] = {
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (2e-3, 1e-3),
+    torch.int64: (0.0, 0.0),
+}
+
+# float32 checks every sample; the other dtypes check the first OTHER_DTYPE_SAMPLES of
+# each OpInfo, and the OpInfos below (hundreds of samples over pooling or spacing
+# parameters that exercise the same few lowerings) check their first N at every dtype.
+# Each sample adds an op call to the one exported program per OpInfo, so these caps are
+# what keeps the test within a few minutes.
+OTHER_DTYPE_SAMPLES = 4
+SAMPLE_CAPS: dict[str, int] = {
+    "logspace": 32,
+    "logspace.tensor_overload": 32,
+    "nn.functional.max_pool1d": 32,
+    "nn.functional.max_pool2d": 32,
+    "nn.functional.max_pool3d": 32,
+    "cdist": 32,
+    "nn.functional.unfold": 32,
+}
+
+# Core ATen overloads without a lowering, each with the reason.
+CORE_SKIPS: dict[str, str] = {
+    "aten._local_scalar_dense.default": "Tensor.item(): a Python scalar from tensor data, "
+                                        "data-dependent (a traced program has no values)",
+    "aten.nonzero.default": "needs data-dependent output shape (the count of nonzeros)",
+    "aten.resize_.default": "in-place resize of a tensor's storage: a JAX array has no "
+                            "storage, and grown elements are uninitialized memory in torch",
+    "aten.sym_is_contiguous.default": "a shape query only dynamic-shape graphs carry; the "
+                                      "bridge exports static shapes, where torch answers "
+                                      "it while tracing",
+    "aten.atan2.out": "out= variant: exported graphs are functional and use "
+                      "aten.atan2.default",
 }
