@@ -61,6 +61,27 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "nn.functional.scaled_dot_product_attention": (1e-5, 1e-5),  # fused vs split softmax
     "fft.fft2": (1e-5, 1e-5),  # XLA's FFT vs pocketfft: other butterfly order
     "fft.rfft2": (1e-5, 1e-5),
+    "nn.functional.conv2d": (1e-5, 1e-5),  # every sample: sums in another order
+    "nn.functional.conv3d": (1e-5, 1e-5),
+    # Average pools sum their windows in the input's dtype here, in float32 in torch.
+    "nn.functional.avg_pool2d@bfloat16": (5e-2, 7e-2),
+    "nn.functional.adaptive_avg_pool3d@bfloat16": (5e-2, 5e-2),
+    # The normalizations' statistics accumulate in the input's dtype here, in float32 in
+    # torch; at bfloat16 and float16 that is a few units in the last place of the result.
+    "native_batch_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.batch_norm@bfloat16": (5e-2, 5e-2),
+    "native_group_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.group_norm@bfloat16": (5e-2, 5e-2),
+    "native_layer_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.layer_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.rms_norm@bfloat16": (5e-2, 5e-2),
+    "native_batch_norm@float16": (1e-2, 1e-2),
+    "nn.functional.batch_norm@float16": (1e-2, 1e-2),
+    "native_group_norm@float16": (1e-2, 1e-2),
+    "nn.functional.group_norm@float16": (1e-2, 1e-2),
+    "native_layer_norm@float16": (1e-2, 1e-2),
+    "nn.functional.layer_norm@float16": (1e-2, 1e-2),
+    "nn.functional.rms_norm@float16": (1e-2, 1e-2),
 }
 
 SKIPS: dict[str, str] = {
@@ -97,6 +118,11 @@ SKIPS: dict[str, str] = {
     "corrcoef": "calls aten.equal: data-dependent output (torch.export refuses)",
     "narrow[1]": "start given as a tensor: data-dependent offset (torch.export refuses)",
     "narrow[3]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "narrow[5]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "narrow[7]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "narrow[9]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "__rpow__@int64": "integer powers overflow: the bridge computes int64 as int32 (JAX "
+                      "without x64)",
     "take[2]": "data-dependent shape guard in take's decomposition (torch.export refuses)",
     "take[4]": "data-dependent shape guard in take's decomposition (torch.export refuses)",
     "nn.functional.gaussian_nll_loss": "data-dependent guard on the variance (torch.export "
@@ -122,11 +148,11 @@ SKIPS: dict[str, str] = {
 DTYPES: list[torch.dtype] = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
 
 # (rtol, atol) at the other dtypes: one or two units in the last place of the result
-# (bfloat16 keeps 8 bits of mantissa, float16 11); integer results must be equal.
+# (bfloat16 keeps 8 bits of mantissa, float16 11). Integer results are always compared
+# exactly; float results of int64 inputs (sin of an int64 tensor) get float32's.
 DTYPE_TOL: dict[torch.dtype, tuple[float, float]] = {
     torch.bfloat16: (1.6e-2, 1e-2),
     torch.float16: (2e-3, 1e-3),
-    torch.int64: (0.0, 0.0),
 }
 
 # float32 checks every sample; the other dtypes check the first OTHER_DTYPE_SAMPLES of
@@ -142,6 +168,8 @@ SAMPLE_CAPS: dict[str, int] = {
     "nn.functional.max_pool2d": 32,
     "nn.functional.max_pool3d": 32,
     "cdist": 32,
+    "nanquantile": 16,
+    "quantile": 16,
     "nn.functional.unfold": 32,
 }
 
