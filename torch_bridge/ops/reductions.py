@@ -169,6 +169,9 @@ def sort(x, dim=-1, descending=False, *, stable=None):
 
 @lowering(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    if x.ndim == 0:  # torch treats a 0-d tensor as one element along dim 0 or -1
+        values, idx = topk(x.reshape(1), k, 0, largest, sorted)
+        return values.reshape(()), idx.reshape(())
     a = axis(dim, x.ndim)
     moved = jnp.moveaxis(x, a, -1)
     values, idx = lax.top_k(moved if largest else -moved, k)
