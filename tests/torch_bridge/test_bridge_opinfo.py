@@ -9,7 +9,8 @@ Sample caps (``opinfo_table``): at float32 the first 8 samples of each OpInfo
 (``FLOAT32_SAMPLES``; all of them where it has fewer), at bfloat16, float16 and int64 the
 first sample (``OTHER_DTYPE_SAMPLES``) where torch supports the dtype for the op; samples torch
 eager itself rejects on CPU and the ones ``SKIPS`` names do not count. ``SAMPLE_CAPS``
-lowers the cap of single OpInfos. The caps keep the file near four minutes of CPU.
+lowers the cap of single OpInfos. The caps keep the file near four minutes of CPU;
+``CEREBRAX_OPINFO_ALL=1`` lifts them all and checks every sample at every dtype.
 
 ``test_core_coverage_and_skip_lists`` enumerates torch's core ATen set (the overloads
 tagged ``torch.Tag.core``), prints how many the bridge lowers and both skip lists
@@ -225,10 +226,12 @@ def check_opinfo(info: Any) -> Result:
     name = full_name(info)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cap = SAMPLE_CAPS.get(name, FLOAT32_SAMPLES)
-        by_dtype = {d: samples_of(info, d, cap if d == torch.float32
-                                  else min(cap, OTHER_DTYPE_SAMPLES))
-                    for d in dtypes_of(info)}
+        caps = {d: (FLOAT32_SAMPLES if d == torch.float32 else OTHER_DTYPE_SAMPLES)
+                for d in DTYPES}
+        if name in SAMPLE_CAPS and FLOAT32_SAMPLES is not None:
+            caps = {d: min(SAMPLE_CAPS[name], c or SAMPLE_CAPS[name])
+                    for d, c in caps.items()}
+        by_dtype = {d: samples_of(info, d, caps[d]) for d in dtypes_of(info)}
         by_dtype = {d: s for d, s in by_dtype.items() if s}
         if not by_dtype:
             return Result("error", detail="no sample that torch eager accepts")
@@ -297,9 +300,12 @@ def test_core_coverage_and_skip_lists():
     report = [
         f"torch_bridge core ATen coverage: {len(covered)}/{len(core)} core overloads of "
         f"torch {torch.__version__} lowered, {len(CORE_SKIPS)} skipped with a reason; "
-        f"{len(TESTED)} OpInfos compared with torch eager (float32: up to "
-        f"{FLOAT32_SAMPLES} samples each, bfloat16/float16/int64: the first "
-        f"{OTHER_DTYPE_SAMPLES})"]
+        f"{len(TESTED)} OpInfos compared with torch eager ("
+        + ("every sample at float32, bfloat16, float16 and int64"
+           if FLOAT32_SAMPLES is None else
+           f"float32: up to {FLOAT32_SAMPLES} samples each, bfloat16/float16/int64: the "
+           f"first {OTHER_DTYPE_SAMPLES}; CEREBRAX_OPINFO_ALL=1 checks every sample")
+        + ")"]
     report.append(f"core ATen skip list ({len(CORE_SKIPS)}):")
     report += [f"  {op}: {reason}" for op, reason in sorted(CORE_SKIPS.items())]
     report.append(f"OpInfo sample caps below {FLOAT32_SAMPLES} ({len(SAMPLE_CAPS)}): "
