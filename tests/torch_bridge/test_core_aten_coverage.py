@@ -108,6 +108,15 @@ def _empty_permuted(x):
     return torch.empty_permuted((2, 3, 4), (0, 2, 1), dtype=x.dtype).copy_(x) * 2
 
 
+def _grouped_rows():
+    """Nine rows sorted into 4 groups of 3, 0, 4 and 2 rows (torch leaves rows past the
+    last offset unwritten, the bridge zeroes them, as transformers' fallback does).
+    (torch exports grouped matmuls in bfloat16 only.)"""
+    offs = torch.tensor([3, 3, 7, 9], dtype=torch.int32)
+    return (lambda x, w: torch._grouped_mm(x, w, offs=offs),
+            (_randn(9, 8).bfloat16(), _randn(4, 8, 16, seed=1).bfloat16()))
+
+
 # name -> (fn, inputs, (rtol, atol)); the overloads each case reaches are in its name.
 CASES: dict[str, tuple] = {
     "convolution_backward": (*_conv_case(False), (1e-4, 1e-4)),
@@ -127,6 +136,10 @@ CASES: dict[str, tuple] = {
     "histc": (lambda x: torch.histc(x, 10), (_randn(1000),), (0, 0)),
     "histc.range": (lambda x: torch.histc(x, 7, -1.0, 1.0), (_randn(1000),), (0, 0)),
     "histc.constant": (lambda x: torch.histc(x, 5), (torch.ones(4),), (0, 0)),
+    "_grouped_mm.rows": (*_grouped_rows(), (1.6e-2, 1e-2)),
+    "_grouped_mm.batched": (lambda a, b: torch._grouped_mm(a, b),
+                            (_randn(3, 4, 8).bfloat16(), _randn(3, 8, 16, seed=1).bfloat16()),
+                            (1.6e-2, 1e-2)),
     "empty_permuted": (_empty_permuted, (_randn(2, 3, 4),), (0, 0)),
     "empty_strided": (
         lambda x: torch.empty_strided((2, 3), (1, 2)).copy_(x) + 1, (_randn(2, 3),), (0, 0)),
