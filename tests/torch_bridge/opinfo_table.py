@@ -5,12 +5,16 @@ test_bridge_opinfo.py --all`` prints one line per OpInfo): of the OpInfos whose 
 all match torch, enough to exercise every verified core ATen overload in two OpInfos
 (one where only one exists), cheapest first, plus the ones real models lean on (losses,
 convolution, attention, embedding bags, indexing). The other passing OpInfos are left
-out only to keep the test near a minute. OpInfos that need an op without a lowering
+out only to keep the test within its few minutes. OpInfos that need an op without a lowering
 (linear algebra decompositions, special functions, ...) are neither tested nor listed.
 
 SKIPS names OpInfos (or one sample, ``"name[i]"``) whose ops the bridge lowers but whose
 outputs cannot be compared with torch eager; the reason is on every line.
 """
+
+import os
+
+import torch
 
 TESTED: list[str] = [
     "__rdiv__", "__rmod__", "__rpow__", "_unsafe_masked_index",
@@ -20,7 +24,7 @@ TESTED: list[str] = [
     "column_stack", "cosh", "cumulative_trapezoid", "diagonal", "diff", "div.trunc_rounding",
     "erf", "expm1", "fft.fft", "fft.fftshift", "fft.ifftshift", "fft.irfft", "fft.irfftn",
     "fft.rfft", "fliplr", "flipud", "float_power", "floor", "floor_divide", "fmod", "frac",
-    "grid_sampler_2d", "gt", "heaviside", "index_add", "index_put", "isclose", "isinf", "le",
+    "grid_sampler_2d", "gt", "heaviside", "histc", "index_add", "index_put", "isclose", "isinf", "le",
     "linalg.cross", "linalg.diagonal", "log10", "log2", "log_softmax",
     "log_softmax.with_dtype", "logaddexp", "logaddexp2", "logical_or", "logical_xor",
     "logspace", "logspace.tensor_overload", "lt", "masked.argmax", "masked.argmin",
@@ -56,9 +60,38 @@ TESTED: list[str] = [
 # many products come out in another order than torch's.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "nn.functional.conv_transpose3d": (1e-5, 1e-5),  # 3-D transposed convolution sums
-    "nn.functional.scaled_dot_product_attention": (1e-5, 1e-5),  # fused vs split softmax
+    # fused vs split softmax (measured 1.04e-5 on sample 9)
+    "nn.functional.scaled_dot_product_attention": (1e-5, 2e-5),
     "fft.fft2": (1e-5, 1e-5),  # XLA's FFT vs pocketfft: other butterfly order
     "fft.rfft2": (1e-5, 1e-5),
+    "nn.functional.conv2d": (1e-5, 1e-5),  # every sample: sums in another order
+    "nn.functional.conv3d": (1e-5, 1e-5),
+    # Average pools sum their windows in the input's dtype here, in float32 in torch.
+    "nn.functional.avg_pool2d@bfloat16": (5e-2, 7e-2),
+    "nn.functional.adaptive_avg_pool3d@bfloat16": (5e-2, 5e-2),
+    # The normalizations' statistics accumulate in the input's dtype here, in float32 in
+    # torch; at bfloat16 and float16 that is a few units in the last place of the result.
+    "native_batch_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.batch_norm@bfloat16": (5e-2, 5e-2),
+    "native_group_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.group_norm@bfloat16": (5e-2, 5e-2),
+    "native_layer_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.layer_norm@bfloat16": (5e-2, 5e-2),
+    "nn.functional.rms_norm@bfloat16": (5e-2, 5e-2),
+    "native_batch_norm@float16": (1e-2, 1e-2),
+    "nn.functional.batch_norm@float16": (1e-2, 1e-2),
+    "native_group_norm@float16": (1e-2, 1e-2),
+    "nn.functional.group_norm@float16": (1e-2, 1e-2),
+    "native_layer_norm@float16": (1e-2, 1e-2),
+    "nn.functional.layer_norm@float16": (1e-2, 1e-2),
+    "nn.functional.rms_norm@float16": (1e-2, 1e-2),
+    "nn.functional.avg_pool2d@float16": (1e-2, 1e-2),  # measured 0.0078 on sample 0
+    "nn.functional.adaptive_avg_pool3d@float16": (1e-2, 1e-2),  # 0.0059 on sample 1
+    # bfloat16 results a rounding step or two from torch's (measured on sample 1: cross
+    # max abs error 0.0625, bilinear 0.0137).
+    "linalg.cross@bfloat16": (5e-2, 7e-2),
+    "nn.functional.interpolate.bilinear@bfloat16": (1.6e-2, 2e-2),
+    "nn.functional.upsample_bilinear@bfloat16": (1.6e-2, 2e-2),
 }
 
 SKIPS: dict[str, str] = {
@@ -67,6 +100,8 @@ SKIPS: dict[str, str] = {
     "new_empty": "output is uninitialized memory in torch",
     "empty_strided": "output is uninitialized memory in torch",
     "new_empty_strided": "output is uninitialized memory in torch",
+    "empty_permuted": "output is uninitialized memory in torch (test_core_aten_coverage.py "
+                      "checks it after a copy_)",
     "resize_": "in-place resize; grown storage is uninitialized memory in torch",
     # Random ops: the bridge draws from JAX's generator (a key per graph node), so values
     # differ from torch's generator by design.
@@ -86,6 +121,8 @@ SKIPS: dict[str, str] = {
     "nn.functional.multi_head_attention_forward": "random: its samples use attention dropout",
     "nn.functional.scaled_dot_product_attention[2]": "random: attention dropout",
     "nn.functional.scaled_dot_product_attention[3]": "random: attention dropout",
+    **{f"nn.functional.scaled_dot_product_attention[{i}]": "random: attention dropout "
+       "(dropout_p=0.5)" for i in (6, 7, 10, 11)},
     # torch.export refuses the call: the output or its shape depends on tensor values.
     "allclose": "data-dependent Python bool output (torch.export refuses)",
     "equal": "data-dependent Python bool output (torch.export refuses)",
@@ -93,6 +130,11 @@ SKIPS: dict[str, str] = {
     "corrcoef": "calls aten.equal: data-dependent output (torch.export refuses)",
     "narrow[1]": "start given as a tensor: data-dependent offset (torch.export refuses)",
     "narrow[3]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "narrow[5]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "narrow[7]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "narrow[9]": "start given as a tensor: data-dependent offset (torch.export refuses)",
+    "__rpow__@int64": "integer powers overflow: the bridge computes int64 as int32 (JAX "
+                      "without x64)",
     "take[2]": "data-dependent shape guard in take's decomposition (torch.export refuses)",
     "take[4]": "data-dependent shape guard in take's decomposition (torch.export refuses)",
     "nn.functional.gaussian_nll_loss": "data-dependent guard on the variance (torch.export "
@@ -100,16 +142,72 @@ SKIPS: dict[str, str] = {
     "nn.functional.ctc_loss": "data-dependent output shape (torch.export refuses)",
     "linalg.lstsq": "data-dependent output shape (torch.export refuses)",
     "linalg.lstsq.grad_oriented": "data-dependent output shape (torch.export refuses)",
+    # max_norm renormalizes the weight in place (embedding_renorm_ under no_grad); the
+    # exported graph has no such node, so the bridge computes on the original rows
+    # (max abs error 103 on sample 8).
+    **{f"nn.functional.embedding_bag[{i}]": "max_norm: torch.export leaves the in-place "
+       "embedding_renorm_ out of the graph" for i in (8, 9, 12)},
+    **{f"nn.functional.embedding[{i}]": "max_norm: torch.export leaves the in-place "
+       "embedding_renorm_ out of the graph (max abs error 15.5 on sample 5)"
+       for i in (5, 6, 9)},
     # Limits of the lowering.
+    "nn.functional.embedding_bag[10]": "scale_grad_by_freq=True: the bridge refuses it "
+                                       "(UnsupportedOpError; JAX's autodiff would not "
+                                       "scale the gradient)",
     "index_put[1]": "boolean-mask index_put with a tensor of values: data-dependent "
                     "positions; the bridge lowers x[mask] = scalar only",
     "index_put[3]": "boolean-mask index_put with a tensor of values: data-dependent "
                     "positions; the bridge lowers x[mask] = scalar only",
     "chalf": "complex32 has no JAX dtype",
+    "sort@bfloat16": "indices of tied values (bfloat16 rounding makes many) come in "
+                     "another order than torch's unstable sort (sample 0: indices differ)",
+    "sort@float16": "indices of tied values come in another order than torch's unstable "
+                    "sort (sample 0: indices differ)",
+    "topk@int64": "indices of tied values come in another order than torch's (sample 0: "
+                  "indices differ)",
+    "nn.functional.embedding[7]": "scale_grad_by_freq=True: the bridge refuses it "
+                                  "(UnsupportedOpError; JAX's autodiff would not scale "
+                                  "the gradient)",
     # Not runnable here.
     "jiterator_unary": "CUDA only (jiterator)",
     "jiterator_binary": "CUDA only (jiterator)",
     "jiterator_4inputs_with_extra_args": "CUDA only (jiterator)",
     "jiterator_binary_return_by_ref": "CUDA only (jiterator)",
     "jiterator_2inputs_2outputs": "CUDA only (jiterator)",
+}
+
+# The dtypes every tested OpInfo is checked at, where torch supports them on CPU.
+DTYPES: list[torch.dtype] = [torch.float32, torch.bfloat16, torch.float16, torch.int64]
+
+# (rtol, atol) at the other dtypes: one or two units in the last place of the result
+# (bfloat16 keeps 8 bits of mantissa, float16 11). Integer results are always compared
+# exactly; float results of int64 inputs (sin of an int64 tensor) get float32's.
+DTYPE_TOL: dict[torch.dtype, tuple[float, float]] = {
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (2e-3, 1e-3),
+}
+
+# The sample caps: float32 checks the first FLOAT32_SAMPLES samples of each OpInfo (all of
+# them where it has fewer), the other dtypes the first OTHER_DTYPE_SAMPLES; SAMPLE_CAPS
+# lowers the cap of an OpInfo at every dtype. Each sample adds an op call to the one
+# exported and compiled program per OpInfo, so these caps set the test's time.
+# CEREBRAX_OPINFO_ALL=1 lifts the caps: every sample at every dtype (about ten times
+# longer; RESULTS.md has the figures of a full run).
+ALL_SAMPLES = os.environ.get("CEREBRAX_OPINFO_ALL") == "1"
+FLOAT32_SAMPLES: int | None = None if ALL_SAMPLES else 8
+OTHER_DTYPE_SAMPLES: int | None = None if ALL_SAMPLES else 1
+SAMPLE_CAPS: dict[str, int] = {}
+
+# Core ATen overloads without a lowering, each with the reason.
+CORE_SKIPS: dict[str, str] = {
+    "aten._local_scalar_dense.default": "Tensor.item(): a Python scalar from tensor data, "
+                                        "data-dependent (a traced program has no values)",
+    "aten.nonzero.default": "needs data-dependent output shape (the count of nonzeros)",
+    "aten.resize_.default": "in-place resize of a tensor's storage: a JAX array has no "
+                            "storage, and grown elements are uninitialized memory in torch",
+    "aten.sym_is_contiguous.default": "a shape query only dynamic-shape graphs carry; the "
+                                      "bridge exports static shapes, where torch answers "
+                                      "it while tracing",
+    "aten.atan2.out": "out= variant: exported graphs are functional and use "
+                      "aten.atan2.default",
 }

@@ -9,6 +9,7 @@ from ._registry import lowered_ops as lowered_ops
 from ._registry import lowering as lowering
 
 from . import attention as attention
+from . import backward as backward
 from . import conv as conv
 from . import creation as creation
 from . import elementwise as elementwise

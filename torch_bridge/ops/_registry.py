@@ -48,7 +48,10 @@ def lowering(*ops: Any, random: RandomSpec = False) -> Callable[[Callable], Call
     """Registers the decorated function as the JAX lowering of every op in ``ops``.
 
     Args:
-      *ops: ATen overloads (``torch.ops.aten.add.Tensor``) or other graph call targets.
+      *ops: ATen overloads (``torch.ops.aten.add.Tensor``) or other graph call targets,
+        or the name of an overload in a namespace another library registers when it is
+        imported (``"transformers.grouped_mm_fallback.default"``, as ``str(op)`` gives it),
+        so that lowering it does not import that library.
       random: True if the function takes a PRNG key as its first argument, or a
         predicate of the op's graph arguments saying so per call.
 
@@ -59,6 +62,8 @@ def lowering(*ops: Any, random: RandomSpec = False) -> Callable[[Callable], Call
     if not ops:
         raise TypeError("lowering() needs at least one op, e.g. torch.ops.aten.relu.default.")
     for op in ops:
+        if isinstance(op, str) and op.count(".") < 2:
+            raise TypeError(f"lowering() takes op names as 'namespace.op.overload', got {op!r}.")
         if isinstance(op, torch._ops.OpOverloadPacket):
             raise TypeError(
                 f"lowering() takes op overloads, got the packet {op}; name the overload, "
@@ -74,8 +79,11 @@ def lowering(*ops: Any, random: RandomSpec = False) -> Callable[[Callable], Call
 
 
 def lookup(op: Any) -> Lowering | None:
-    """The lowering registered for ``op``, or None."""
-    return _LOWERINGS.get(op)
+    """The lowering registered for ``op`` (or for its name), or None."""
+    entry = _LOWERINGS.get(op)
+    if entry is None and isinstance(op, torch._ops.OpOverload):
+        entry = _LOWERINGS.get(str(op))
+    return entry
 
 
 def is_random(entry: Lowering, args: tuple, kwargs: dict) -> bool:
@@ -87,4 +95,4 @@ def is_random(entry: Lowering, args: tuple, kwargs: dict) -> bool:
 
 def lowered_ops() -> list[str]:
     """Names of the ATen overloads that have a lowering, sorted."""
-    return sorted(str(op) for op in _LOWERINGS if isinstance(op, torch._ops.OpOverload))
+    return sorted(str(op) for op in _LOWERINGS if isinstance(op, (torch._ops.OpOverload, str)))

@@ -44,6 +44,14 @@ def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None,
     return jnp.zeros(shape_of(size), dtype=_dtype_for(0.0, dtype))
 
 
+@lowering(aten.empty_permuted.default)
+def empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None,
+                   pin_memory=None):
+    """``torch.empty_permuted``: the memory order ``physical_layout`` has no meaning for
+    a JAX array, so this is ``empty`` (zeros) of the logical ``size``."""
+    return jnp.zeros(shape_of(size), dtype=_dtype_for(0.0, dtype))
+
+
 @lowering(aten.empty_strided.default)
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(shape_of(size), dtype=_dtype_for(0.0, dtype))

@@ -399,10 +399,13 @@ def threshold(x, threshold, value):
 @lowering(aten._softmax.default)
 def softmax(x, dim, half_to_float=False):
     x = maybe_cast(x, torch.float32) if half_to_float else x
-    return jax.nn.softmax(x, axis=dim)
+    return jax.nn.softmax(x[None], axis=0)[0] if x.ndim == 0 else jax.nn.softmax(x, axis=dim)
 
 
 @lowering(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float=False):
+    """A 0-d ``x`` is one class (torch accepts dim 0 and -1 for it)."""
     x = maybe_cast(x, torch.float32) if half_to_float else x
+    if x.ndim == 0:
+        return jax.nn.log_softmax(x[None], axis=0)[0]
     return jax.nn.log_softmax(x, axis=dim)

@@ -122,10 +122,8 @@ def _scatter(x, dim, index, src, reduce: str | None, include_self: bool = True):
         base = x if include_self else x.at[idx].set(1)
         return base.at[idx].multiply(src)
     if reduce in ("amax", "amin"):
-        fill = jnp.finfo(x.dtype).min if reduce == "amax" else jnp.finfo(x.dtype).max
-        if jnp.issubdtype(x.dtype, jnp.integer):
-            info = jnp.iinfo(x.dtype)
-            fill = info.min if reduce == "amax" else info.max
+        info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.finfo(x.dtype)
+        fill = info.min if reduce == "amax" else info.max
         base = x if include_self else x.at[idx].set(fill)
         return base.at[idx].max(src) if reduce == "amax" else base.at[idx].min(src)
     if reduce == "mean":
@@ -183,14 +181,26 @@ def masked_scatter(x, mask, source):
     return jnp.where(flat_mask, picked, x.reshape(-1)).reshape(x.shape)
 
 
-@lowering(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+@lowering(aten._embedding_bag.default)
+def embedding_bag(*args, **kwargs):
+    return _embedding_bag(*args, **kwargs, sizes_per_offset=False)
+
+
+@lowering(aten._embedding_bag_forward_only.default)
+def embedding_bag_forward_only(*args, **kwargs):
+    return _embedding_bag(*args, **kwargs, sizes_per_offset=True)
+
+
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                   per_sample_weights=None, include_last_offset=False, padding_idx=-1, *,
+                   sizes_per_offset: bool):
     """Bags of embeddings reduced by sum (mode 0), mean (1) or max (2).
 
-    Returns torch's four outputs: the bags, each index's bag (empty in sum mode without
-    padding_idx), the bag sizes (zeros in sum mode) and, in max mode, the row that gave
-    each maximum.
+    Returns torch's four outputs in the shapes of torch's CPU meta kernel (what the
+    exported graph records): the bags; each index's bag (empty in sum mode on float32 or
+    float16 rows without padding_idx); the bag sizes (zeros in sum mode), one per bag, or
+    with ``sizes_per_offset`` (the forward-only op) one per offset; and the row that gave
+    each maximum in max mode, zeros of the bags' count otherwise.
     """
     if scale_grad_by_freq:
         raise UnsupportedOpError("embedding_bag with scale_grad_by_freq=True has no lowering.")
@@ -200,17 +210,22 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     padded = padding_idx is not None and padding_idx >= 0
     valid = indices != padding_idx if padded else jnp.ones((n,), jnp.bool_)
     rows = weight[indices]
-    if per_sample_weights is not None:
-        rows = rows * per_sample_weights[:, None]
+    # Sums and weights apply in float32 at bfloat16 and float16, as in torch's CPU kernel.
+    acc = jnp.float32 if rows.dtype in (jnp.bfloat16, jnp.float16) else rows.dtype
+    if per_sample_weights is not None:  # sum mode only (torch checks)
+        rows = rows.astype(acc) * per_sample_weights[:, None].astype(acc)
     counts = jax.ops.segment_sum(valid.astype(jnp.int32), seg, bags)
-    zeros = jnp.zeros((bags,), jnp.int32)
+    sizes = jnp.pad(counts, (0, offsets.shape[0] - bags)) if sizes_per_offset else counts
     if mode == 0:
-        out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), seg, bags)
-        return out, seg if padded else jnp.zeros((0,), jnp.int32), zeros, zeros
+        out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0).astype(acc), seg,
+                                  bags).astype(weight.dtype)
+        fast = not padded and weight.dtype in (jnp.float32, jnp.float16)
+        return (out, jnp.zeros((0,), jnp.int32) if fast else seg, jnp.zeros_like(sizes),
+                jnp.zeros((bags,), jnp.int32))
     if mode == 1:
-        total = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), seg, bags)
-        out = total / jnp.maximum(counts, 1)[:, None].astype(total.dtype)
-        return out, seg, counts, counts
+        total = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0).astype(acc), seg, bags)
+        out = (total / jnp.maximum(counts, 1)[:, None].astype(acc)).astype(weight.dtype)
+        return out, seg, sizes, counts
     lowest = jnp.asarray(-jnp.inf, rows.dtype)
     best = jax.ops.segment_max(jnp.where(valid[:, None], rows, lowest), seg, bags)
     empty = (counts == 0)[:, None]
@@ -218,4 +233,4 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     is_best = valid[:, None] & (rows == lax.stop_gradient(best)[seg])
     first = jax.ops.segment_min(jnp.where(is_best, jnp.arange(n)[:, None], n), seg, bags)
     max_indices = jnp.where(empty, 0, indices[jnp.clip(first, 0, n - 1)])
-    return out, seg, counts, max_indices
+    return out, seg, sizes, max_indices

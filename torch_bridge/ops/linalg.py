@@ -82,3 +82,39 @@ def pdist(x, p=2):
     n = x.shape[0]
     i, j = np.triu_indices(n, k=1)
     return cdist(x[None], x[None], p)[0][i, j]
+
+
+def _ragged_rows(x, weight, offs):
+    """Rows of ``x`` sorted by group times their group's matrix: rows ``offs[g-1]`` to
+    ``offs[g]`` use ``weight[g]``; rows past ``offs[-1]`` give zeros (a mixture of
+    experts' tokens, grouped by expert). One ``lax.ragged_dot``: no per-group loop, no
+    data-dependent shape."""
+    import jax
+
+    offs = offs.astype(jnp.int32)
+    sizes = jnp.diff(offs, prepend=jnp.zeros((1,), jnp.int32))
+    return jax.lax.ragged_dot(x, weight, sizes)
+
+
+@lowering(aten._grouped_mm.default)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    if a.ndim == 3 and b.ndim == 3:  # one product per group, no offsets
+        out = jnp.matmul(a, b)
+    elif a.ndim == 2 and b.ndim == 3 and offs is not None:
+        out = _ragged_rows(a, b, offs)
+    else:
+        raise NotImplementedError(
+            f"torch_bridge lowers aten._grouped_mm for 3-d x 3-d operands and for 2-d rows "
+            f"x 3-d groups with offsets; got {a.ndim}-d x {b.ndim}-d"
+            f"{' with' if offs is not None else ' without'} offsets.")
+    if bias is not None:
+        out = out + bias
+    return out if out_dtype is None else out.astype(out_dtype)
+
+
+@lowering("transformers.grouped_mm_fallback.default")
+def transformers_grouped_mm(x, weight, offs):
+    """transformers' grouped matmul for mixture-of-experts layers (a Python loop over
+    the experts in eager torch): ``x`` sorted by expert, ``offs`` the cumulative token
+    counts per expert."""
+    return _ragged_rows(x, weight, offs)

@@ -133,7 +133,7 @@ def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum,
 # ---- group norm ----------------------------------------------------------------------
 @lowering(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, c, hw, group, eps):
-    grouped = x.reshape(n, group, -1)
+    grouped = x.reshape(n, group, (c // group) * hw)
     mean = jnp.mean(grouped, axis=-1, keepdims=True)
     centered = grouped - mean
     var = jnp.mean(centered * centered, axis=-1, keepdims=True)

@@ -169,6 +169,9 @@ def sort(x, dim=-1, descending=False, *, stable=None):
 
 @lowering(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
+    if x.ndim == 0:  # torch treats a 0-d tensor as one element along dim 0 or -1
+        values, idx = topk(x.reshape(1), k, 0, largest, sorted)
+        return values.reshape(()), idx.reshape(())
     a = axis(dim, x.ndim)
     moved = jnp.moveaxis(x, a, -1)
     values, idx = lax.top_k(moved if largest else -moved, k)
@@ -193,3 +196,24 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noq
     if ord == 2:
         return safe_sqrt(jnp.sum(x * x, axis=ax, keepdims=keepdim))
     return jnp.sum(a ** ord, axis=ax, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lowering(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):  # noqa: A002
+    """``torch.histc``: counts of ``x`` in ``bins`` equal-width bins over [min, max]
+    (the data's range when min == max, widened by 1 each side when that is empty too).
+    An element's bin is ``int((v - lo) * bins / (hi - lo))``, the right edge falling in
+    the last bin, as torch computes it; elements outside the range count nowhere."""
+    flat = x.reshape(-1)
+    if min == max:
+        lo, hi = (jnp.min(flat), jnp.max(flat)) if flat.size else (jnp.zeros((), x.dtype),) * 2
+    else:
+        lo, hi = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    pos = ((flat - lo) * bins / (hi - lo)).astype(jnp.int32)
+    pos = jnp.where(pos == bins, bins - 1, pos)
+    inside = (flat >= lo) & (flat <= hi)
+    counts = jnp.zeros((bins,), x.dtype).at[jnp.where(inside, pos, bins)].add(
+        jnp.ones_like(flat), mode="drop")
+    return counts
