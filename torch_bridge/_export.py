@@ -129,11 +129,25 @@ def _is_no_grad_block(node: torch.fx.Node) -> bool:
             and node.args and node.args[0] is False)
 
 
+def _written_in_place(node: torch.fx.Node) -> bool:
+    """Whether an in-place op writes through ``node`` (``x.detach().renorm_()``: the write
+    must reach ``x``, which a stop-gradient copy would lose)."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, user.args):
+            if value is node and arg.alias_info is not None and arg.alias_info.is_write:
+                return True
+    return False
+
+
 def _mark_gradient_stops(program: torch.export.ExportedProgram) -> None:
     graph = program.graph_module.graph
     changed = False
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is aten.detach.default:
+        if (node.op == "call_function" and node.target is aten.detach.default
+                and not _written_in_place(node)):
             node.target = torch.ops.torch_bridge.stop_gradient.default
             changed = True
         elif _is_no_grad_block(node):

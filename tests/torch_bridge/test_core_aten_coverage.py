@@ -196,3 +196,25 @@ def test_every_core_op_is_lowered_or_skipped():
     assert not missing, f"core ATen overloads with neither a lowering nor a skip: {missing}"
     assert not stale, f"CORE_SKIPS entries that are lowered or not core: {stale}"
     assert len(core) >= 180, f"only {len(core)} core overloads found: enumeration broke"
+
+
+def test_embedding_max_norm_renormalizes_and_trains_like_torch():
+    """nn.Embedding(max_norm=...) renormalizes the looked-up rows in place through a
+    detached alias of its weight (the export keeps that write: a stop-gradient copy would
+    lose it); outputs and the weight's gradient match torch eager."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4, max_norm=1.0, norm_type=1.0)
+    indices = torch.tensor([[1, 2, 2], [5, 1, 0]])
+    conv = torch_bridge.convert(emb)
+    params = dict(conv.params)
+
+    def loss(p):
+        out, _ = conv.apply(p, {}, to_jax(indices))
+        return (out ** 2).sum(), out
+
+    (_, out), grad = jax.value_and_grad(loss, has_aux=True)(params)
+    expected = emb(indices)
+    (expected ** 2).sum().backward()
+    assert not compare([out], [expected], 1e-6, 1e-6)
+    assert not compare([grad["weight"]], [emb.weight.grad], 1e-6, 1e-6)
+    assert float(expected.detach().abs().sum(-1).max()) <= 1.0 + 1e-6  # rows renormalized

@@ -171,6 +171,25 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
     return out
 
 
+@lowering(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """``nn.Embedding(max_norm=...)``: every row that ``indices`` names and whose
+    ``norm_type``-norm exceeds ``max_norm`` is scaled by ``max_norm / (norm + 1e-7)``
+    (torch's kernel); the other rows are kept. The gradient passes through as if the
+    renormalized rows were the weight itself (torch renormalizes in place under no_grad,
+    then differentiates the lookup with respect to the weight)."""
+    weight_in = lax.stop_gradient(weight)
+    used = jnp.zeros((weight.shape[0],), jnp.bool_).at[jnp.ravel(indices)].set(True)
+    w32 = weight_in.astype(jnp.float32)
+    if norm_type == float("inf"):
+        norms = jnp.max(jnp.abs(w32), axis=1)
+    else:
+        norms = jnp.sum(jnp.abs(w32) ** norm_type, axis=1) ** (1.0 / norm_type)
+    scale = jnp.where(used & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    renormed = (w32 * scale[:, None]).astype(weight.dtype)
+    return weight + lax.stop_gradient(renormed - weight)
+
+
 @lowering(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
     shape = jnp.broadcast_shapes(x.shape, mask.shape)  # torch broadcasts both
