@@ -18,6 +18,7 @@ from ._configure import configure_optimizer as configure_optimizer
 from ._from_torch import from_torch as from_torch
 from ._lamb_lion import Lamb as Lamb
 from ._lamb_lion import Lion as Lion
+from ._muon import Muon as Muon
 from ._nadam import NAdam as NAdam
 from ._optax_optimizer import OptaxOptimizer as OptaxOptimizer
 from ._radam import RAdam as RAdam
