@@ -3,6 +3,7 @@
 from ..schedules import configure_lr_scheduler as configure_lr_scheduler
 from . import lr_scheduler as lr_scheduler
 from . import transforms as transforms
+from . import weight_decay_scheduler as weight_decay_scheduler
 from ._adadelta import Adadelta as Adadelta
 from ._adafactor import Adafactor as Adafactor
 from ._adagrad import Adagrad as Adagrad

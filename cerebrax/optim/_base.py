@@ -86,6 +86,19 @@ def _read_back(array: Any, given: Any) -> Any:
     return _to_python(array)
 
 
+def _tag_set(tags: Any) -> set:
+    if tags is None or isinstance(tags, str):
+        return {tags}
+    return set(tags)
+
+
+def _listed(tags: Any) -> Any:
+    """A param group's ``tags`` as a list in state dicts (checkpoints hold no sets)."""
+    if isinstance(tags, (set, frozenset)):
+        return sorted(tags, key=lambda t: (t is not None, str(t)))
+    return tags
+
+
 def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
@@ -351,7 +364,8 @@ class Optimizer(abc.ABC):
         """``param_groups`` of a state dict: hyperparameters and parameter indices."""
         groups, offset = [], 0
         for group in self.param_groups:
-            info = {k: v for k, v in group.items() if k != "params"}
+            info = {k: _listed(v) if k == "tags" else v
+                    for k, v in group.items() if k != "params"}
             n = len(group["params"])
             info["params"] = list(range(offset, offset + n))
             groups.append(info)
@@ -399,6 +413,8 @@ class Optimizer(abc.ABC):
     def _load_hyperparameters(self, pairs: list[tuple[Any, list[int]]]) -> None:
         for group, (saved, _) in zip(self.param_groups, pairs):
             for key, value in saved.items():
+                if key == "tags" and _tag_set(value) == _tag_set(group.get("tags")):
+                    continue  # saved as a list; the group keeps its own collection
                 if key != "params" and key in group:
                     group[key] = value
 
