@@ -241,7 +241,9 @@ class Optimizer(abc.ABC):
     :meth:`step` (read ``p.grad``, ``group["lr"]`` and ``self.state[p]``; assign
     ``p.value`` and state) and :meth:`state_names_to_sparsify`. ``step`` may not branch
     in Python on tensor values (use ``jnp.where``); it runs inside the traced step,
-    after the gradients exist.
+    after the gradients exist. :meth:`state_dict` and :meth:`load_state_dict` save and
+    restore the state allocated in ``preinitialize`` and the groups' hyperparameters in
+    ``torch.optim``'s layout, so a subclass needs no code of its own for checkpoints.
 
     Args:
       params: parameters (``compiled.parameters()``, or the original torch module's),
