@@ -3,6 +3,7 @@
 from ..schedules import configure_lr_scheduler as configure_lr_scheduler
 from . import lr_scheduler as lr_scheduler
 from . import transforms as transforms
+from . import weight_decay_scheduler as weight_decay_scheduler
 from ._adadelta import Adadelta as Adadelta
 from ._adafactor import Adafactor as Adafactor
 from ._adagrad import Adagrad as Adagrad
@@ -18,6 +19,7 @@ from ._configure import configure_optimizer as configure_optimizer
 from ._from_torch import from_torch as from_torch
 from ._lamb_lion import Lamb as Lamb
 from ._lamb_lion import Lion as Lion
+from ._muon import Muon as Muon
 from ._nadam import NAdam as NAdam
 from ._optax_optimizer import OptaxOptimizer as OptaxOptimizer
 from ._radam import RAdam as RAdam

@@ -60,6 +60,12 @@ def _reject_cstorch_only(beta1: float | None, scale_parameter: bool | None,
 class Adafactor(OptaxOptimizer):
     """Adafactor with torch.optim.Adafactor's signature and numerics.
 
+    As in cstorch, ``lr`` has no default (torch's is ``1e-2``). ``eps`` keeps torch's
+    default ``(None, 1e-3)``, not cstorch's ``(1e-30, 1e-3)``: with torch's update rule
+    ``eps[0]`` floors ``v`` at ``eps[0]**2``, which for ``1e-30`` is 0 in float32, so a
+    gradient entry that has been exactly 0 would divide 0 by 0 (NaN); ``None`` floors
+    at the dtype's machine epsilon squared.
+
     See :func:`cerebrax.optim.transforms.adafactor` for the update rule. Parameters
     with two or more dimensions keep factored ``row_var`` / ``col_var`` second moments
     over their last two dimensions, others a full ``variance``; the torch-layout state
@@ -89,7 +95,7 @@ class Adafactor(OptaxOptimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-2,
+        lr: float,
         beta2_decay: float = -0.8,
         eps: tuple[float | None, float] = (None, 1e-3),
         d: float = 1.0,

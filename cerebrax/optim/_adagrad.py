@@ -20,9 +20,10 @@ __all__ = ["Adagrad"]
 
 
 class Adagrad(AdaptiveLayout):
-    """Adagrad with torch.optim.Adagrad's signature and numerics.
+    """Adagrad with torch.optim.Adagrad's signature and numerics and cstorch's defaults.
 
-    See :func:`cerebrax.optim.transforms.adagrad` for the update rule. As in torch,
+    See :func:`cerebrax.optim.transforms.adagrad` for the update rule. The defaults are
+    cstorch's: ``eps=1e-6`` (torch's is ``1e-10``). As in torch,
     every group's accumulator starts at the constructor's
     ``initial_accumulator_value`` and the state exists before the first step.
     ``foreach`` and ``fused`` are accepted and ignored; ``differentiable=True`` is
@@ -43,7 +44,7 @@ class Adagrad(AdaptiveLayout):
         lr_decay: float = 0,
         weight_decay: float = 0,
         initial_accumulator_value: float = 0,
-        eps: float = 1e-10,
+        eps: float = 1e-6,
         foreach: bool | None = None,
         *,
         maximize: bool = False,

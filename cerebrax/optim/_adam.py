@@ -35,9 +35,10 @@ def check_adam_arguments(
 
 
 class Adam(AdamLayout):
-    """Adam with torch.optim.Adam's signature and numerics.
+    """Adam with torch.optim.Adam's signature and numerics and cstorch's defaults.
 
-    See :func:`cerebrax.optim.transforms.adam` for the update rule. ``weight_decay``
+    See :func:`cerebrax.optim.transforms.adam` for the update rule. The defaults are
+    cstorch's: ``eps=1e-6`` (torch's is ``1e-8``). ``weight_decay``
     is an L2 penalty on the gradient, or decoupled (AdamW) with
     ``decoupled_weight_decay=True``. ``foreach``, ``fused`` and ``capturable`` are
     accepted and ignored; ``differentiable=True`` is rejected.
@@ -56,7 +57,7 @@ class Adam(AdamLayout):
         params: Iterable[Any],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
+        eps: float = 1e-6,
         weight_decay: float = 0.0,
         amsgrad: bool = False,
         *,

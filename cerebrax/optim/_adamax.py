@@ -19,13 +19,14 @@ __all__ = ["Adamax"]
 
 
 class Adamax(AdamLayout):
-    """Adamax with torch.optim.Adamax's signature and numerics.
+    """Adamax with torch.optim.Adamax's signature and numerics and cstorch's defaults.
 
-    See :func:`cerebrax.optim.transforms.adamax` for the update rule. ``foreach`` and
+    See :func:`cerebrax.optim.transforms.adamax` for the update rule. The defaults are
+    cstorch's: ``lr=1e-3``, ``eps=1e-6`` (torch's are ``2e-3`` and ``1e-8``). ``foreach`` and
     ``capturable`` are accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
-      >>> optimizer = cstorch.optim.Adamax(compiled.parameters(), lr=2e-3)
+      >>> optimizer = cstorch.optim.Adamax(compiled.parameters(), lr=1e-3)
     """
 
     _static_hyperparameters = ("betas",)
@@ -34,9 +35,9 @@ class Adamax(AdamLayout):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 2e-3,
+        lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
+        eps: float = 1e-6,
         weight_decay: float = 0.0,
         foreach: bool | None = None,
         *,

@@ -1,7 +1,8 @@
 """``AdamW``: torch.optim.AdamW as :class:`Adam` over :func:`transforms.adamw`.
 
 ``Adam``'s argument checks and state dict layout, with AdamW's signature: decoupled
-weight decay, ``weight_decay=1e-2`` by default, and cstorch's ``correct_bias``.
+weight decay, cstorch's defaults (``eps=1e-6``, ``weight_decay=0.0``; torch's are
+``1e-8`` and ``1e-2``) and cstorch's ``correct_bias``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ __all__ = ["AdamW"]
 
 
 class AdamW(Adam):
-    """AdamW with torch.optim.AdamW's signature and numerics.
+    """AdamW with torch.optim.AdamW's signature and numerics and cstorch's defaults.
 
     See :func:`cerebrax.optim.transforms.adamw` for the update rule: Adam's, with the
     parameters decayed by ``1 - lr * weight_decay`` instead of an L2 penalty on the
@@ -36,8 +37,8 @@ class AdamW(Adam):
         params: Iterable[Any],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 1e-2,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
         amsgrad: bool = False,
         *,
         maximize: bool = False,

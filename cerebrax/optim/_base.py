@@ -3,7 +3,9 @@
 An optimizer holds ``param_groups`` like ``torch.optim.Optimizer``. Numeric
 hyperparameters (``lr``, ``momentum``, ``betas``, ...) live in a registered state slot
 as float32 arrays, so a scheduler or a user can change them without a recompile; flags
-(``nesterov``, ``amsgrad``, ...) are Python values and part of the graph. Per-parameter
+(``nesterov``, ``amsgrad``, ...) are Python values and part of the graph. Outside a step,
+``group["eps"]`` reads back the Python value that was given (``1e-8``, not its float32
+rounding), as in torch, for as long as the state still holds that value. Per-parameter
 state (``self.state[p]``) is allocated in :meth:`Optimizer.preinitialize` and nowhere
 else: the first trace must see the whole graph.
 """
@@ -56,6 +58,47 @@ def _to_python(value: Any) -> Any:
     return float(value)
 
 
+def _host_given(value: Any) -> Any:
+    """The Python value a user assigned, kept to read back exactly; None for arrays."""
+    if isinstance(value, (tuple, list)):
+        given = [_host_given(v) for v in value]
+        return None if any(g is None for g in given) else tuple(given)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return None  # an array (perhaps traced): read back from the state
+    return value.item() if isinstance(value, np.number) else value
+
+
+def _stored_as(given: Any, array: Any) -> bool:
+    """Whether ``array`` is ``given`` rounded to float32, as the state stores it."""
+    if isinstance(given, tuple):
+        return len(given) == len(array) and all(_stored_as(g, a) for g, a in zip(given, array))
+    return bool(np.float32(given) == np.asarray(array))
+
+
+def _read_back(array: Any, given: Any) -> Any:
+    """``group[key]`` outside a step: the Python value given, while the state holds it.
+
+    The state keeps a float32 copy; once a scheduler or a step writes another value,
+    that value is read back instead.
+    """
+    if given is not None and _stored_as(given, array):
+        return given
+    return _to_python(array)
+
+
+def _tag_set(tags: Any) -> set:
+    if tags is None or isinstance(tags, str):
+        return {tags}
+    return set(tags)
+
+
+def _listed(tags: Any) -> Any:
+    """A param group's ``tags`` as a list in state dicts (checkpoints hold no sets)."""
+    if isinstance(tags, (set, frozenset)):
+        return sorted(tags, key=lambda t: (t is not None, str(t)))
+    return tags
+
+
 def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
@@ -65,15 +108,20 @@ def _same_value(a: Any, b: Any) -> bool:
 class ParamGroup(MutableMapping):
     """One param group: ``group["params"]`` and its hyperparameters.
 
-    Numeric hyperparameters read as Python floats outside a traced step and as
-    traced arrays inside one; assigning one writes the optimizer's state.
+    Numeric hyperparameters read as traced arrays inside a traced step and as Python
+    values outside one: the value given (to the constructor, in the group dict or by
+    assignment) while the state still holds its float32 rounding, else the state's
+    value as a float (after a scheduler wrote it, say). Assigning one writes the
+    optimizer's state.
     """
 
-    def __init__(self, optimizer: Optimizer, index: int, params: list, static: dict):
+    def __init__(self, optimizer: Optimizer, index: int, params: list, static: dict,
+                 given: dict):
         self._opt = optimizer
         self._index = index
         self._params = params
         self._static = static
+        self._given = given  # the Python values of the dynamic hyperparameters
 
     def _dynamic(self) -> dict:
         return self._opt._hparams.value[self._index]
@@ -84,7 +132,9 @@ class ParamGroup(MutableMapping):
         if key in self._static:
             return self._static[key]
         value = self._dynamic()[key]
-        return value if _state.active_context() is not None else _to_python(value)
+        if _state.active_context() is not None:
+            return value
+        return _read_back(value, self._given.get(key))
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key == "params":
@@ -94,6 +144,9 @@ class ParamGroup(MutableMapping):
             groups = [dict(g) for g in dynamic]
             groups[self._index][key] = _to_hparam(value)
             self._opt._hparams.value = groups
+            given = _host_given(value)
+            if given is not None:
+                self._given[key] = given
         elif key in self._static:
             if self._opt._traced and not _same_value(self._static[key], value):
                 raise StateError(
@@ -188,7 +241,9 @@ class Optimizer(abc.ABC):
     :meth:`step` (read ``p.grad``, ``group["lr"]`` and ``self.state[p]``; assign
     ``p.value`` and state) and :meth:`state_names_to_sparsify`. ``step`` may not branch
     in Python on tensor values (use ``jnp.where``); it runs inside the traced step,
-    after the gradients exist.
+    after the gradients exist. :meth:`state_dict` and :meth:`load_state_dict` save and
+    restore the state allocated in ``preinitialize`` and the groups' hyperparameters in
+    ``torch.optim``'s layout, so a subclass needs no code of its own for checkpoints.
 
     Args:
       params: parameters (``compiled.parameters()``, or the original torch module's),
@@ -221,8 +276,9 @@ class Optimizer(abc.ABC):
             dyn = {k: _to_hparam(v) for k, v in merged.items()
                    if _is_dynamic(v) and k not in self._static_hyperparameters}
             static = {k: v for k, v in merged.items() if k not in dyn}
+            given = {k: _host_given(merged[k]) for k in dyn}
             dynamic.append(dyn)
-            self.param_groups.append(ParamGroup(self, i, group["params"], static))
+            self.param_groups.append(ParamGroup(self, i, group["params"], static, given))
         self._hparams = _state.StateRef(
             dynamic, name=f"{type(self).__name__}.param_groups", skippable=True
         )
@@ -305,6 +361,91 @@ class Optimizer(abc.ABC):
         self.state[p]["step"] = self.state[p]["step"] + 1.0
         return self.state[p]["step"]
 
+    # ---- state dicts (torch.optim layout) ---------------------------------------------
+    def _group_dicts(self) -> list[dict[str, Any]]:
+        """``param_groups`` of a state dict: hyperparameters and parameter indices."""
+        groups, offset = [], 0
+        for group in self.param_groups:
+            info = {k: _listed(v) if k == "tags" else v
+                    for k, v in group.items() if k != "params"}
+            n = len(group["params"])
+            info["params"] = list(range(offset, offset + n))
+            groups.append(info)
+            offset += n
+        return groups
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state in ``torch.optim`` layout.
+
+        ``{"state": {i: {name: array}}, "param_groups": [{..., "params": [i, ...]}]}``,
+        where ``i`` counts the parameters over the groups in order and ``name`` is each
+        state variable allocated in :meth:`preinitialize` (and ``"step"`` with
+        ``enable_global_step``). ``cstorch.save`` writes it; :meth:`load_state_dict`
+        restores it into an optimizer built the same way.
+        """
+        # Host sync point: the values of the last step are fetched.
+        states = jax.device_get(self._state_ref.value)
+        out = {i: {k: np.array(v) for k, v in entry.items()}
+               for i, entry in enumerate(states) if entry}
+        return {"state": out, "param_groups": self._group_dicts()}
+
+    def _loaded_groups(self, state_dict: Mapping[str, Any]) -> list[tuple[Any, list[int]]]:
+        """Pairs each param group with the saved indices of its parameters, checked."""
+        groups = state_dict.get("param_groups") if isinstance(state_dict, Mapping) else None
+        if groups is None or "state" not in state_dict:
+            raise StateError("optimizer state dict needs 'state' and 'param_groups' keys")
+        if len(groups) != len(self.param_groups):
+            raise StateError(
+                f"loaded state dict has {len(groups)} parameter groups, this optimizer has "
+                f"{len(self.param_groups)}"
+            )
+        pairs = []
+        for i, (group, saved) in enumerate(zip(self.param_groups, groups)):
+            indices = [int(j) for j in saved["params"]]
+            if len(indices) != len(group["params"]):
+                raise StateError(
+                    "loaded state dict contains a parameter group that doesn't match the "
+                    f"size of optimizer's group: group {i} has {len(indices)} parameters "
+                    f"there, {len(group['params'])} here; build the optimizer over "
+                    "the same parameter groups as the one that was saved"
+                )
+            pairs.append((saved, indices))
+        return pairs
+
+    def _load_hyperparameters(self, pairs: list[tuple[Any, list[int]]]) -> None:
+        for group, (saved, _) in zip(self.param_groups, pairs):
+            for key, value in saved.items():
+                if key == "tags" and _tag_set(value) == _tag_set(group.get("tags")):
+                    continue  # saved as a list; the group keeps its own collection
+                if key != "params" and key in group:
+                    group[key] = value
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores a state dict of :meth:`state_dict` (also as read by ``cstorch.load``).
+
+        Every state variable of every parameter must be present with its shape; the
+        groups' hyperparameters are restored too.
+        """
+        pairs = self._loaded_groups(state_dict)
+        saved_state = {int(k): v for k, v in state_dict["state"].items()}
+        current = self._state_ref._value
+        new = [dict(entry) for entry in current]
+        position = 0
+        for group, (_, indices) in zip(self.param_groups, pairs):
+            for p, saved_index in zip(group["params"], indices):
+                entry = saved_state.get(saved_index, {})
+                for name, like in current[position].items():
+                    if name not in entry:
+                        raise StateError(
+                            f"loaded optimizer state of parameter {p.name!r} (index "
+                            f"{saved_index}) lacks {name!r} (it has {sorted(entry)}); was it "
+                            f"saved by another optimizer than {type(self).__name__}?"
+                        )
+                    new[position][name] = stack_like([like], [entry[name]], name)[0]
+                position += 1
+        self._state_ref.value = new
+        self._load_hyperparameters(pairs)
+
     # ---- helpers for step() --------------------------------------------------------
     def _require_grads(self, what: str):
         ctx = _state.active_context()
@@ -328,3 +469,13 @@ class Optimizer(abc.ABC):
                 lines.append(f"    {key}: {group[key]}")
         return "\n".join(lines) + "\n)"
 
+
+def stack_like(template: list, values: list, what: str) -> list:
+    """Arrays from ``values`` with the shapes and dtypes of ``template``."""
+    out = []
+    for t, v in zip(template, values):
+        arr = jnp.asarray(np.asarray(v), dtype=t.dtype)
+        if arr.shape != t.shape:
+            raise StateError(f"optimizer state {what!r} has shape {arr.shape}, expected {t.shape}")
+        out.append(arr)
+    return out

@@ -23,7 +23,10 @@ def from_torch(optimizer: Any) -> Optimizer:
     parameters (torch parameters of a module given to ``cstorch.compile``), with the
     torch optimizer's constructor arguments, its param groups and their
     hyperparameters, and its state (momentum buffers, moments, step counts), so a run
-    can continue where torch left it. The torch optimizer is not changed.
+    can continue where torch left it. Every hyperparameter is passed explicitly from
+    the torch optimizer, so where cstorch's defaults differ from torch's (``eps=1e-6``
+    for Adam, ...) the torch optimizer's own values are kept. The torch optimizer is
+    not changed.
 
     Raises:
       ConfigError: ``optimizer`` is not a torch optimizer, or cerebrax has no
@@ -52,6 +55,7 @@ def from_torch(optimizer: Any) -> Optimizer:
         )
     cls = optimizers[name]
     accepted = inspect.signature(cls).parameters
+    # torch's values, all of them: none of cstorch's defaults may apply.
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     converted = cls([{"params": list(group["params"])} for group in optimizer.param_groups],
                     **defaults)

@@ -95,7 +95,7 @@ class Lamb(_MomentStateMapping, OptaxOptimizer):
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
-        weight_decay: float = 0.0,
+        weight_decay: float = 0,
         adam: bool = False,
         *,
         maximize: bool = False,

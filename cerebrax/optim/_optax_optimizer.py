@@ -17,10 +17,10 @@ import numpy as np
 import optax
 
 from .. import _state
-from ..errors import ConfigError, StateError
-from ._base import Optimizer
+from ..errors import ConfigError
+from ._base import Optimizer, stack_like
 
-__all__ = ["OptaxOptimizer"]
+__all__ = ["OptaxOptimizer", "stack_like"]
 
 
 class OptaxOptimizer(Optimizer):
@@ -82,57 +82,26 @@ class OptaxOptimizer(Optimizer):
         # Host sync point: the values of the last step are fetched.
         states = jax.device_get(self._tx_state.value)
         out_state: dict[int, dict[str, Any]] = {}
-        groups = []
         offset = 0
         for group, gstate in zip(self.param_groups, states):
             n = len(group["params"])
             for j, entry in enumerate(self._torch_state(gstate, n)):
                 if entry:
                     out_state[offset + j] = {k: np.array(v) for k, v in entry.items()}
-            info = {k: v for k, v in group.items() if k != "params"}
-            info["params"] = list(range(offset, offset + n))
-            groups.append(info)
             offset += n
-        return {"state": out_state, "param_groups": groups}
+        return {"state": out_state, "param_groups": self._group_dicts()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state dict in ``torch.optim`` layout (from cerebrax or from torch)."""
-        groups = state_dict.get("param_groups")
-        if groups is None or "state" not in state_dict:
-            raise StateError("optimizer state dict needs 'state' and 'param_groups' keys")
-        if len(groups) != len(self.param_groups):
-            raise StateError(
-                f"loaded state dict has {len(groups)} parameter groups, this optimizer has "
-                f"{len(self.param_groups)}"
-            )
+        pairs = self._loaded_groups(state_dict)
         state = {int(k): v for k, v in state_dict["state"].items()}
-        templates = self._tx_state._value
-        new_states = []
-        for group, saved, template in zip(self.param_groups, groups, templates):
-            indices = [int(i) for i in saved["params"]]
-            if len(indices) != len(group["params"]):
-                raise StateError(
-                    "loaded state dict contains a parameter group that doesn't match the "
-                    "size of optimizer's group"
-                )
-            per_param = [state.get(i, {}) for i in indices]
-            new_states.append(self._from_torch_state(per_param, template))
-            for key, value in saved.items():
-                if key != "params" and key in group:
-                    group[key] = value
+        new_states = [
+            self._from_torch_state([state.get(i, {}) for i in indices], template)
+            for (_, indices), template in zip(pairs, self._tx_state._value)
+        ]
+        self._load_hyperparameters(pairs)
         self._tx_state.value = new_states
 
 
 def ctx_grads(ctx: Any, params: list) -> list:
     return [ctx.grads.get(p) for p in params]
-
-
-def stack_like(template: list, values: list, what: str) -> list:
-    """Arrays from ``values`` with the shapes and dtypes of ``template``."""
-    out = []
-    for t, v in zip(template, values):
-        arr = jnp.asarray(np.asarray(v), dtype=t.dtype)
-        if arr.shape != t.shape:
-            raise StateError(f"optimizer state {what!r} has shape {arr.shape}, expected {t.shape}")
-        out.append(arr)
-    return out

@@ -19,9 +19,10 @@ __all__ = ["RAdam"]
 
 
 class RAdam(AdamLayout):
-    """RAdam with torch.optim.RAdam's signature and numerics.
+    """RAdam with torch.optim.RAdam's signature and numerics and cstorch's defaults.
 
-    See :func:`cerebrax.optim.transforms.radam` for the update rule. ``foreach`` and
+    See :func:`cerebrax.optim.transforms.radam` for the update rule. The defaults are
+    cstorch's: ``eps=1e-6`` (torch's is ``1e-8``). ``foreach`` and
     ``capturable`` are accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
@@ -36,7 +37,7 @@ class RAdam(AdamLayout):
         params: Iterable[Any],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
+        eps: float = 1e-6,
         weight_decay: float = 0.0,
         decoupled_weight_decay: bool = False,
         *,

@@ -20,10 +20,11 @@ __all__ = ["Rprop"]
 
 
 class Rprop(AdaptiveLayout):
-    """Rprop with torch.optim.Rprop's signature and numerics.
+    """Rprop with torch.optim.Rprop's signature and numerics and cstorch's defaults.
 
     See :func:`cerebrax.optim.transforms.rprop` for the update rule; ``lr`` is only
-    the initial step size, read at the first step. ``foreach`` and ``capturable`` are
+    the initial step size, read at the first step. The defaults are cstorch's:
+    ``lr=1e-3`` (torch's is ``1e-2``). ``foreach`` and ``capturable`` are
     accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
@@ -35,9 +36,9 @@ class Rprop(AdaptiveLayout):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-2,
+        lr: float = 1e-3,
         etas: tuple[float, float] = (0.5, 1.2),
-        step_sizes: tuple[float, float] = (1e-6, 50),
+        step_sizes: tuple[float, float] = (1e-6, 50.0),
         *,
         capturable: bool = False,
         foreach: bool | None = None,

@@ -19,7 +19,8 @@ _IGNORED_FLAGS = ("foreach", "differentiable", "fused")
 class SGD(OptaxOptimizer):
     """Stochastic gradient descent with torch.optim.SGD's signature and numerics.
 
-    See :func:`cerebrax.optim.transforms.sgd` for the update rule. ``foreach`` and
+    See :func:`cerebrax.optim.transforms.sgd` for the update rule. As in cstorch,
+    ``lr`` has no default (torch's is ``1e-3``). ``foreach`` and
     ``fused`` are accepted and ignored (the whole step is one fused program);
     ``differentiable=True`` is rejected.
 
@@ -32,10 +33,10 @@ class SGD(OptaxOptimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
-        momentum: float = 0.0,
-        dampening: float = 0.0,
-        weight_decay: float = 0.0,
+        lr: float,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float = 0,
         nesterov: bool = False,
         *,
         maximize: bool = False,

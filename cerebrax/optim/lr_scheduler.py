@@ -18,5 +18,6 @@ from ..schedules import MultiStepLR as MultiStepLR
 from ..schedules import OneCycleLR as OneCycleLR
 from ..schedules import PiecewiseConstantLR as PiecewiseConstantLR
 from ..schedules import PolynomialLR as PolynomialLR
+from ..schedules import ScalePerParamLR as ScalePerParamLR
 from ..schedules import SequentialLR as SequentialLR
 from ..schedules import StepLR as StepLR

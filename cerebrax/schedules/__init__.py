@@ -1,14 +1,16 @@
-"""Closed-form learning-rate schedules and the ``LRScheduler`` classes.
+"""Closed-form schedules, the ``LRScheduler`` classes and the weight-decay schedulers.
 
 Every schedule is a pure function of the step (``cerebrax.schedules.cosine_decay(...)``)
 and a cstorch-style class that evaluates it (re-exported as
-``cerebrax.optim.lr_scheduler``).
+``cerebrax.optim.lr_scheduler``); the same classes with cstorch's weight-decay argument
+names write ``weight_decay`` (``cerebrax.optim.weight_decay_scheduler``).
 """
 
 from ._base import LRScheduler as LRScheduler
 from ._base import Schedule as Schedule
 from ._composite import ChainedLR as ChainedLR
 from ._composite import ChainedScheduler as ChainedScheduler
+from ._composite import ScalePerParamLR as ScalePerParamLR
 from ._composite import SequentialLR as SequentialLR
 from ._composite import chained as chained
 from ._composite import sequential as sequential
@@ -45,3 +47,23 @@ from ._step import multi_step as multi_step
 from ._step import multiplicative as multiplicative
 from ._step import piecewise_constant as piecewise_constant
 from ._step import step_decay as step_decay
+from ._weight_decay import ChainedWD as ChainedWD
+from ._weight_decay import ConstantWD as ConstantWD
+from ._weight_decay import CosineAnnealingWD as CosineAnnealingWD
+from ._weight_decay import CosineAnnealingWarmRestartsWD as CosineAnnealingWarmRestartsWD
+from ._weight_decay import CosineDecayWD as CosineDecayWD
+from ._weight_decay import CyclicWD as CyclicWD
+from ._weight_decay import ExponentialWD as ExponentialWD
+from ._weight_decay import InverseExponentialTimeDecayWD as InverseExponentialTimeDecayWD
+from ._weight_decay import InverseSquareRootDecayWD as InverseSquareRootDecayWD
+from ._weight_decay import LambdaWD as LambdaWD
+from ._weight_decay import LinearWD as LinearWD
+from ._weight_decay import MultiStepWD as MultiStepWD
+from ._weight_decay import MultiplicativeWD as MultiplicativeWD
+from ._weight_decay import OneCycleWD as OneCycleWD
+from ._weight_decay import PiecewiseConstantWD as PiecewiseConstantWD
+from ._weight_decay import PolynomialWD as PolynomialWD
+from ._weight_decay import ScalePerParamWD as ScalePerParamWD
+from ._weight_decay import SequentialWD as SequentialWD
+from ._weight_decay import StepWD as StepWD
+from ._weight_decay import WeightDecayScheduler as WeightDecayScheduler

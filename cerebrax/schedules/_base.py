@@ -6,15 +6,22 @@ counter and writes ``f(counter)``. Inside a traced step the counter and the lear
 rate are tensors, so the schedule is part of the one compiled graph and a step skipped
 by dynamic loss scaling does not advance it.
 
-A composite scheduler (``SequentialLR``, ``ChainedScheduler``) adopts the schedulers
-it is built from: it owns the counter and writes the learning rate, and evaluates
-each member's closed form at the member's own step (:meth:`LRScheduler._lr_at`).
+A composite scheduler (``SequentialLR``, ``ChainedScheduler``, ``ScalePerParamLR``)
+adopts the schedulers it is built from: it owns the counter and writes the learning
+rate, and evaluates each member's closed form at the member's own step
+(:meth:`LRScheduler._lr_at`).
+
+The same machinery schedules other hyperparameters: a scheduler writes the param-group
+key :attr:`LRScheduler.param_group_key` (``"lr"`` here, ``"weight_decay"`` for the
+weight-decay schedulers). With ``param_group_tags`` it writes only the param groups
+whose ``"tags"`` hold one of those tags (a group without a ``"tags"`` key carries the
+tag ``None``), as cstorch does.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -26,18 +33,66 @@ from .. import _state
 from ..errors import ConfigError
 from .._trace_context import deferrable
 
-__all__ = ["LRScheduler", "Schedule"]
+__all__ = ["LRScheduler", "ParamGroupTags", "Schedule"]
+
+# ``param_group_tags``: a tag, or a list of tags; ``None`` in a list means untagged groups.
+ParamGroupTags = str | Iterable[str | None] | None
 
 # A closed form: ``schedule(step) -> lr``, for an integer step (a Python int, or an int32
 # array, traced or not) a float32 array of the step's shape.
 Schedule = Callable[[ArrayLike], jax.Array]
 
 MSG_ADOPTED = """\
-{name} is part of a {owner}, which owns the step counter and writes the learning rate.
+{name} is part of a {owner}, which owns the step counter and writes the param groups.
 Call {owner_var}.step() (and state_dict / load_state_dict) on the {owner} only:
-    scheduler = cstorch.optim.lr_scheduler.{owner}(...)
+    scheduler = {owner}(optimizer, ...)
     ...
     scheduler.step()"""
+
+MSG_NO_TAGGED_GROUP = """\
+{name} was created with param_group_tags={tags!r}, but no param group of the optimizer
+carries one of them (the groups' tags: {available}). A param group gets tags from a
+"tags" key in its dict; a group without one counts as tagged None:
+    optimizer = cstorch.optim.AdamW([{{"params": embeddings, "tags": {{"embedding"}}}},
+                                     {{"params": others}}], lr=1e-3)
+    scheduler = {name}(optimizer, ..., param_group_tags="embedding")   # the first group
+    scheduler = {name}(optimizer, ..., param_group_tags=[None])        # the others"""
+
+
+def normalize_tags(tags: ParamGroupTags, where: str) -> frozenset | None:
+    """``param_group_tags`` as a set of tags, or None for every group."""
+    if tags is None:
+        return None
+    items = list(tags) if isinstance(tags, (list, tuple, set, frozenset)) else [tags]
+    for tag in items:
+        if tag is not None and not isinstance(tag, str):
+            raise ConfigError(
+                f"{where}: param_group_tags must be a tag (a str), or a list of tags and "
+                f"None, got {tag!r} in {tags!r}"
+            )
+    out = frozenset(items)
+    if len(out) != len(items):
+        raise ConfigError(f"{where}: param_group_tags contains duplicate values: {tags!r}")
+    return out
+
+
+def group_tags(group: Any) -> set:
+    """A param group's tags: its ``"tags"`` (a tag or a collection), ``{None}`` without."""
+    tags = group.get("tags", {None})
+    if tags is None:
+        return set()
+    return {tags} if isinstance(tags, str) else set(tags)
+
+
+def tagged_groups(optimizer: Any, tags: frozenset | None, name: str) -> list[int]:
+    """Indices of the param groups that ``tags`` select (every group for None)."""
+    groups = optimizer.param_groups
+    selected = [i for i, g in enumerate(groups) if tags is None or tags & group_tags(g)]
+    if not selected:
+        available = set().union(*(group_tags(g) for g in groups))
+        raise ConfigError(MSG_NO_TAGGED_GROUP.format(
+            name=name, tags=sorted(tags, key=str), available=sorted(available, key=str)))
+    return selected
 
 
 class LRScheduler(abc.ABC):
@@ -50,8 +105,12 @@ class LRScheduler(abc.ABC):
       optimizer: a cerebrax optimizer.
       total_iters: the length of the schedule, where it has one.
       last_epoch: the step the schedule resumes after (-1 starts at step 0).
+      param_group_tags: write only the param groups carrying one of these tags (see
+        the module docstring); None writes every group.
     """
 
+    param_group_key = "lr"  # the param-group entry the schedule writes
+    _last_value_key = "_last_lr"  # its name in state_dict()
     _step_override: jax.Array | None = None
     _owner: tuple[str, Callable[[], jax.Array]] | None = None
 
@@ -60,14 +119,25 @@ class LRScheduler(abc.ABC):
         if "step" in cls.__dict__:
             cls.step = deferrable(f"{cls.__name__}.step()")(cls.__dict__["step"])
 
-    def __init__(self, optimizer: Any, total_iters: int | None = None, last_epoch: int = -1):
+    def __init__(self, optimizer: Any, total_iters: int | None = None, last_epoch: int = -1,
+                 param_group_tags: ParamGroupTags = None):
+        name = type(self).__name__
         if not any(optimizer is opt for opt in _state.live_optimizers()):
             raise ConfigError(
-                f"{type(self).__name__} needs a cerebrax optimizer (cstorch.optim.*), got "
+                f"{name} needs a cerebrax optimizer (cstorch.optim.*), got "
                 f"{type(optimizer).__name__}. torch.optim optimizers cannot be scheduled."
             )
         self.optimizer = optimizer
         self.total_iters = total_iters
+        self.param_group_tags = normalize_tags(param_group_tags, name)
+        self._groups = tagged_groups(optimizer, self.param_group_tags, name)
+        missing = [i for i in self._groups
+                   if self.param_group_key not in optimizer.param_groups[i]]
+        if missing:
+            raise ConfigError(
+                f"{name} writes {self.param_group_key!r}, which param group {missing[0]} of "
+                f"{type(optimizer).__name__} does not have"
+            )
         self._counter = _state.StateRef(
             jnp.int32(last_epoch), name=f"{type(self).__name__}.last_epoch", skippable=True
         )
@@ -112,17 +182,28 @@ class LRScheduler(abc.ABC):
                                      owner_var="scheduler")
             )
 
+    def _group_value(self, value: jax.Array, index: int) -> jax.Array:
+        """The value written to param group ``index`` (ScalePerParam scales it)."""
+        return value
+
     def _write_lr(self) -> None:
-        lr = jnp.asarray(self._get_closed_form_lr(), jnp.float32)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        value = jnp.asarray(self._get_closed_form_lr(), jnp.float32)
+        groups = self.optimizer.param_groups
+        for i in self._groups:
+            groups[i][self.param_group_key] = self._group_value(value, i)
 
-    def get_last_lr(self) -> list[float]:
+    def get_last_value(self) -> list[float | None]:
+        """The value of every param group as written by the last step; None for the
+        groups the scheduler does not write (``param_group_tags``)."""
+        key, groups = self.param_group_key, self.optimizer.param_groups
+        return [groups[i][key] if i in self._groups else None for i in range(len(groups))]
+
+    def get_last_lr(self) -> list[float | None]:
         """The learning rate of every param group (as written by the last step)."""
-        return [group["lr"] for group in self.optimizer.param_groups]
+        return self.get_last_value()
 
-    def get_lr(self) -> list[float]:
-        return self.get_last_lr()
+    def get_lr(self) -> list[float | None]:
+        return self.get_last_value()
 
     @deferrable("LRScheduler.step()")
     def step(self, epoch: Any = None) -> None:
@@ -140,7 +221,7 @@ class LRScheduler(abc.ABC):
         """The scheduler state: ``last_epoch`` and the last learning rates."""
         # Host sync point: waits for the step that last wrote the counter.
         return {"last_epoch": int(jax.device_get(self.last_epoch)),
-                "_last_lr": self.get_last_lr()}
+                self._last_value_key: self.get_last_value()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores ``last_epoch`` and writes the learning rate of that step."""

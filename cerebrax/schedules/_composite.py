@@ -2,11 +2,12 @@
 
 ``sequential`` switches from one schedule to the next at milestones (each restarting
 from step 0); ``chained`` multiplies schedules that share the step. The schedulers
-``SequentialLR`` and ``ChainedScheduler`` (alias ``ChainedLR``) adopt their member
-schedulers: from then on the composite alone steps the counter and writes the learning
-rate, and a member's ``step()`` raises. Its closed form is the composition
-(:func:`sequential`, :func:`chained`) of the members' closed forms, each evaluated at
-the member's own step.
+``SequentialLR``, ``ChainedScheduler`` (alias ``ChainedLR``) and ``ScalePerParamLR``
+adopt their member schedulers: from then on the composite alone steps the counter and
+writes the learning rate, and a member's ``step()`` raises. Its closed form is the
+composition (:func:`sequential`, :func:`chained`) of the members' closed forms, each
+evaluated at the member's own step. Members write the same param-group key and carry
+the same ``param_group_tags`` as their composite, as cstorch requires.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from jax.typing import ArrayLike
 from ..errors import ConfigError
 from . import _checks as checks
 from . import _float32 as fp
-from ._base import LRScheduler, Schedule
+from ._base import LRScheduler, ParamGroupTags, Schedule, normalize_tags
 from ._schedulers import _ClosedFormScheduler
 
-__all__ = ["ChainedLR", "ChainedScheduler", "SequentialLR", "chained", "sequential"]
+__all__ = ["ChainedLR", "ChainedScheduler", "ScalePerParamLR", "SequentialLR", "chained",
+           "sequential"]
 
 
 def sequential(schedules: Sequence[Schedule], milestones: Sequence[int]) -> Schedule:
@@ -90,30 +92,62 @@ def chained(schedules: Sequence[Schedule], *,
     return schedule
 
 
-def _members(owner: str, schedulers: Any, optimizer: Any = None) -> list[LRScheduler]:
+def _members(owner: type, schedulers: Any, param_group_tags: ParamGroupTags,
+             optimizer: Any = None) -> list[LRScheduler]:
+    """The member schedulers of a composite of class ``owner``, checked."""
+    name = owner.__name__
     if isinstance(schedulers, LRScheduler) or not isinstance(schedulers, Sequence):
-        raise ConfigError(f"{owner} needs a list of schedulers, got {schedulers!r}")
+        raise ConfigError(f"{name} needs a list of schedulers, got {schedulers!r}")
     members = list(schedulers)
     if not members:
-        raise ConfigError(f"{owner} needs at least one scheduler, got an empty list")
+        raise ConfigError(f"{name} needs at least one scheduler, got an empty list")
     optimizer = members[0].optimizer if optimizer is None else optimizer
+    tags = normalize_tags(param_group_tags, name)
     for i, member in enumerate(members):
-        if not isinstance(member, LRScheduler):
+        _check_member(owner, f"schedulers[{i}]", member, optimizer, tags)
+        if any(m is member for m in members[:i]):
             raise ConfigError(
-                f"{owner} schedulers[{i}] must be a cerebrax LRScheduler, got "
-                f"{type(member).__name__}"
-            )
-        if member.optimizer is not optimizer:
-            raise ConfigError(
-                f"{owner} expects all schedulers to belong to the same optimizer, but "
-                f"schedulers[{i}] ({type(member).__name__}) schedules a different one"
-            )
-        if member._owner is not None or any(m is member for m in members[:i]):
-            raise ConfigError(
-                f"{owner} schedulers[{i}] ({type(member).__name__}) already belongs to a "
+                f"{name} schedulers[{i}] ({type(member).__name__}) already belongs to a "
                 "composite scheduler; create a new scheduler for each place it is used"
             )
     return members
+
+
+def _check_member(owner: type, where: str, member: Any, optimizer: Any,
+                  tags: frozenset | None) -> None:
+    name, kind = owner.__name__, type(member).__name__
+    if not isinstance(member, LRScheduler):
+        raise ConfigError(f"{name} {where} must be a cerebrax scheduler, got {kind}")
+    if member.optimizer is not optimizer:
+        raise ConfigError(
+            f"{name} expects all schedulers to belong to the same optimizer, but "
+            f"{where} ({kind}) schedules a different one"
+        )
+    if member._owner is not None:
+        raise ConfigError(
+            f"{name} {where} ({kind}) already belongs to a composite scheduler; create a "
+            "new scheduler for each place it is used"
+        )
+    if isinstance(member, ScalePerParamLR):
+        raise ConfigError(
+            f"{name} {where} is a {kind}, which scales the values it writes per param "
+            f"group; wrap the {name} in it instead: {kind}(optimizer, {name}(...))"
+        )
+    if member.param_group_key != owner.param_group_key:
+        raise ConfigError(
+            f"{name} writes {owner.param_group_key!r} but {where} ({kind}) writes "
+            f"{member.param_group_key!r}; combine schedulers of the same kind"
+        )
+    if member.param_group_tags != tags:
+        raise ConfigError(
+            f"{name} expects {where} ({kind}) to have the same param_group_tags, "
+            f"{_shown(tags)}, but it has {_shown(member.param_group_tags)}; give them all "
+            "the same param_group_tags"
+        )
+
+
+def _shown(tags: frozenset | None) -> Any:
+    return None if tags is None else sorted(tags, key=str)
 
 
 class SequentialLR(_ClosedFormScheduler):
@@ -131,15 +165,17 @@ class SequentialLR(_ClosedFormScheduler):
     """
 
     def __init__(self, optimizer: Any, schedulers: Sequence[LRScheduler],
-                 milestones: Sequence[int], last_epoch: int = -1):
-        members = _members("SequentialLR", schedulers, optimizer)
+                 milestones: Sequence[int], last_epoch: int = -1,
+                 param_group_tags: ParamGroupTags = None):
+        members = _members(type(self), schedulers, param_group_tags, optimizer)
         self._schedulers = members
         self._milestones = checks.step_list("milestones", milestones, non_decreasing=True)
         self._schedule = sequential([m._lr_at for m in members], self._milestones)
-        super().__init__(optimizer, last_epoch=last_epoch)
-        members[0]._adopt("SequentialLR", lambda: self.last_epoch)
+        super().__init__(optimizer, last_epoch=last_epoch, param_group_tags=param_group_tags)
+        owner = type(self).__name__
+        members[0]._adopt(owner, lambda: self.last_epoch)
         for start, member in zip(self._milestones, members[1:]):
-            member._adopt("SequentialLR", lambda start=start: self._member_step(start))
+            member._adopt(owner, lambda start=start: self._member_step(start))
 
     def _member_step(self, start: int) -> jax.Array:
         return jnp.maximum(self.last_epoch - start, 0)
@@ -170,8 +206,9 @@ class ChainedScheduler(_ClosedFormScheduler):
       >>> scheduler = cstorch.optim.lr_scheduler.ChainedScheduler([base, decay])
     """
 
-    def __init__(self, schedulers: Sequence[LRScheduler]):
-        members = _members("ChainedScheduler", schedulers)
+    def __init__(self, schedulers: Sequence[LRScheduler],
+                 param_group_tags: ParamGroupTags = None):
+        members = _members(type(self), schedulers, param_group_tags)
         divisors = []
         for i, member in enumerate(members[1:], 1):
             reference = member._reference_lr()
@@ -184,9 +221,9 @@ class ChainedScheduler(_ClosedFormScheduler):
             divisors.append(float(reference))
         self._schedulers = members
         self._schedule = chained([m._lr_at for m in members], initial_learning_rates=divisors)
-        super().__init__(members[0].optimizer)
+        super().__init__(members[0].optimizer, param_group_tags=param_group_tags)
         for member in members:
-            member._adopt("ChainedScheduler", lambda: self.last_epoch)
+            member._adopt(type(self).__name__, lambda: self.last_epoch)
 
     def _reference_lr(self) -> float | None:
         return self._schedulers[0]._reference_lr()
@@ -198,3 +235,45 @@ class ChainedScheduler(_ClosedFormScheduler):
 
 
 ChainedLR = ChainedScheduler
+
+
+class ScalePerParamLR(_ClosedFormScheduler):
+    """Scales ``scheduler``'s value per param group (cstorch's ``ScalePerParamLR``).
+
+    Param group ``i`` gets ``f(t) * scale_i``, where ``f`` is the wrapped scheduler's
+    closed form and ``scale_i`` is the group's ``"adjust_learning_rate"`` entry, else
+    its ``"adjust_val"``, else 1, read when the wrapper is built (the per-layer factors
+    of muP, or any layer-wise rate). The wrapped scheduler is adopted: step, save and
+    restore the wrapper only. It must have the wrapper's ``param_group_tags``.
+
+    Example:
+      >>> optimizer = cstorch.optim.AdamW(
+      ...     [{"params": hidden, "adjust_learning_rate": 0.25}, {"params": others}])
+      >>> scheduler = cstorch.optim.lr_scheduler.ScalePerParamLR(
+      ...     optimizer, cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, 1e-3, 0.0, 1000))
+    """
+
+    def __init__(self, optimizer: Any, scheduler: LRScheduler,
+                 param_group_tags: ParamGroupTags = None):
+        tags = normalize_tags(param_group_tags, type(self).__name__)
+        _check_member(type(self), "scheduler", scheduler, optimizer, tags)
+        # Host sync point: the factors are read once, as Python numbers.
+        self.adjustment_scalars = [
+            float(g.get("adjust_learning_rate", g.get("adjust_val", 1.0)))
+            for g in optimizer.param_groups
+        ]
+        self._scheduler = scheduler
+        self._schedule = scheduler._lr_at
+        super().__init__(optimizer, total_iters=scheduler.total_iters,
+                         param_group_tags=param_group_tags)
+        scheduler._adopt(type(self).__name__, lambda: self.last_epoch)
+
+    def _group_value(self, value: jax.Array, index: int) -> jax.Array:
+        return value * self.adjustment_scalars[index]
+
+    def _reference_lr(self) -> float | None:
+        return self._scheduler._reference_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``last_epoch``, the last values and, for reference, the wrapped scheduler's."""
+        return {**super().state_dict(), "_scheduler": self._scheduler.state_dict()}

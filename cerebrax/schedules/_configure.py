@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ._base import LRScheduler
-from ._composite import ChainedScheduler, SequentialLR
+from ._composite import ChainedScheduler, ScalePerParamLR, SequentialLR
 
 __all__ = ["configure_lr_scheduler"]
 
@@ -52,7 +52,8 @@ learning_rate must be a number, a dict or a list of dicts, got {got}. For exampl
          total_iters: 900}}"""
 
 
-def configure_lr_scheduler(optimizer: Any, learning_rate: Any) -> LRScheduler | None:
+def configure_lr_scheduler(optimizer: Any, learning_rate: Any,
+                           adjust_learning_rate: Any = None) -> LRScheduler | None:
     """Builds the learning-rate scheduler a config describes.
 
     Args:
@@ -61,6 +62,9 @@ def configure_lr_scheduler(optimizer: Any, learning_rate: Any) -> LRScheduler | 
         ``"scheduler"`` name and that scheduler's arguments, or a list of such dicts
         (run in sequence, or multiplied with ``main_scheduler: "chained"``). A falsy
         value (``None``, ``0``, ``""``, ``[]``) means no scheduler.
+      adjust_learning_rate: cstorch's per-layer-type scaling factors (muP); when given,
+        the scheduler is wrapped in ``ScalePerParamLR``, which scales each param group's
+        rate by its ``"adjust_learning_rate"`` entry. Not with a chained scheduler.
 
     Returns:
       The scheduler, or ``None`` for a falsy ``learning_rate``.
@@ -78,8 +82,14 @@ def configure_lr_scheduler(optimizer: Any, learning_rate: Any) -> LRScheduler | 
         return None
     specs = _as_specs(learning_rate)
     main = _main_scheduler(specs)
-    return _combine(optimizer, [_build(optimizer, spec, f"learning_rate[{i}]")
-                                for i, spec in enumerate(specs)], main, "learning_rate")
+    if adjust_learning_rate and main == "chained":
+        raise ConfigError(
+            "main_scheduler 'chained' is not supported with adjust_learning_rate (per-layer "
+            "learning-rate scaling); use a sequential schedule or drop adjust_learning_rate"
+        )
+    scheduler = _combine(optimizer, [_build(optimizer, spec, f"learning_rate[{i}]")
+                                     for i, spec in enumerate(specs)], main, "learning_rate")
+    return ScalePerParamLR(optimizer, scheduler) if adjust_learning_rate else scheduler
 
 
 def _as_specs(learning_rate: Any) -> list[dict[str, Any]]:
@@ -156,11 +166,16 @@ def _milestones(schedulers: list[LRScheduler], where: str) -> list[int]:
 
 
 def _scheduler_classes() -> dict[str, type[LRScheduler]]:
-    """Public LRScheduler subclasses by lower-cased name; cerebrax's own win a clash."""
+    """Public LRScheduler subclasses by lower-cased name; cerebrax's own win a clash.
+
+    Only learning-rate schedulers (not the weight-decay ones) and not ``ScalePerParamLR``,
+    which ``adjust_learning_rate`` applies.
+    """
     found, pending = [], [LRScheduler]
     while pending:
         for sub in pending.pop().__subclasses__():
-            if not sub.__name__.startswith("_") and not inspect.isabstract(sub):
+            if (not sub.__name__.startswith("_") and not inspect.isabstract(sub)
+                    and sub.param_group_key == "lr" and not issubclass(sub, ScalePerParamLR)):
                 found.append(sub)
             pending.append(sub)
     found.sort(key=lambda cls: cls.__module__.startswith(__package__))

@@ -13,7 +13,7 @@ import jax
 from jax.typing import ArrayLike
 
 from . import _cosine, _cyclic, _exponential, _polynomial, _step
-from ._base import LRScheduler, Schedule
+from ._base import LRScheduler, ParamGroupTags, Schedule
 
 __all__ = [
     "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CosineDecayLR",
@@ -40,10 +40,11 @@ class ConstantLR(_ClosedFormScheduler):
     built by ``configure_lr_scheduler``.
     """
 
-    def __init__(self, optimizer: Any, learning_rate: float, total_iters: int | None = None):
+    def __init__(self, optimizer: Any, learning_rate: float, total_iters: int | None = None,
+                 param_group_tags: ParamGroupTags = None):
         self.learning_rate = learning_rate
         self._schedule = _polynomial.constant(learning_rate)
-        super().__init__(optimizer, total_iters=total_iters)
+        super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
     def _reference_lr(self) -> float | None:
         return self.learning_rate
@@ -59,14 +60,15 @@ class PolynomialLR(_ClosedFormScheduler):
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
                  end_learning_rate: float, total_iters: int, power: float = 1.0,
-                 cycle: bool = False):
+                 cycle: bool = False,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.end_learning_rate = end_learning_rate
         self.power = power
         self.cycle = cycle
         self._schedule = _polynomial.polynomial(
             initial_learning_rate, end_learning_rate, total_iters, power)
-        super().__init__(optimizer, total_iters=total_iters)
+        super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
 
 class LinearLR(PolynomialLR):
@@ -80,9 +82,10 @@ class LinearLR(PolynomialLR):
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
-                 end_learning_rate: float, total_iters: int, cycle: bool = False):
+                 end_learning_rate: float, total_iters: int, cycle: bool = False,
+                 param_group_tags: ParamGroupTags = None):
         super().__init__(optimizer, initial_learning_rate, end_learning_rate, total_iters,
-                         power=1.0, cycle=cycle)
+                         power=1.0, cycle=cycle, param_group_tags=param_group_tags)
 
 
 class ExponentialLR(_ClosedFormScheduler):
@@ -93,13 +96,14 @@ class ExponentialLR(_ClosedFormScheduler):
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float, total_iters: int,
-                 decay_rate: float, staircase: bool = False):
+                 decay_rate: float, staircase: bool = False,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.decay_rate = decay_rate
         self.staircase = staircase
         self._schedule = _exponential.exponential(
             initial_learning_rate, total_iters, decay_rate, staircase)
-        super().__init__(optimizer, total_iters=total_iters)
+        super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
 
 class InverseExponentialTimeDecayLR(_ClosedFormScheduler):
@@ -107,39 +111,42 @@ class InverseExponentialTimeDecayLR(_ClosedFormScheduler):
     floored with ``staircase`` (Keras' ``InverseTimeDecay`` with a step exponent)."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float, step_exponent: int,
-                 total_iters: int, decay_rate: float, staircase: bool = False):
+                 total_iters: int, decay_rate: float, staircase: bool = False,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.step_exponent = step_exponent
         self.decay_rate = decay_rate
         self.staircase = staircase
         self._schedule = _exponential.inverse_exponential_time_decay(
             initial_learning_rate, step_exponent, total_iters, decay_rate, staircase)
-        super().__init__(optimizer, total_iters=total_iters)
+        super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
 
 class InverseSquareRootDecayLR(_ClosedFormScheduler):
     """``init * scale / sqrt(max(t, warmup_steps))``."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float = 1.0, scale: float = 1.0,
-                 warmup_steps: int = 1):
+                 warmup_steps: int = 1,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.scale = scale
         self.warmup_steps = warmup_steps
         self._schedule = _exponential.inverse_square_root_decay(
             initial_learning_rate, scale, warmup_steps)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
 
 class CosineDecayLR(_ClosedFormScheduler):
     """``end + (init - end) * (1 + cos(pi * min(t, T) / T)) / 2`` (Keras' ``CosineDecay``)."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
-                 end_learning_rate: float, total_iters: int):
+                 end_learning_rate: float, total_iters: int,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.end_learning_rate = end_learning_rate
         self._schedule = _cosine.cosine_decay(
             initial_learning_rate, end_learning_rate, total_iters)
-        super().__init__(optimizer, total_iters=total_iters)
+        super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
 
 
 class CosineAnnealingLR(_ClosedFormScheduler):
@@ -147,12 +154,13 @@ class CosineAnnealingLR(_ClosedFormScheduler):
     ``T_max`` like torch's ``CosineAnnealingLR`` (whose ``base_lr`` is ``init``)."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float, T_max: int,  # noqa: N803
-                 eta_min: float = 0.0):
+                 eta_min: float = 0.0,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.T_max = T_max
         self.eta_min = eta_min
         self._schedule = _cosine.cosine_annealing(initial_learning_rate, T_max, eta_min)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
 
 class CosineAnnealingWarmRestarts(_ClosedFormScheduler):
@@ -168,48 +176,52 @@ class CosineAnnealingWarmRestarts(_ClosedFormScheduler):
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float, T_0: int,  # noqa: N803
-                 T_mult: int = 1, eta_min: float = 0.0):  # noqa: N803
+                 T_mult: int = 1, eta_min: float = 0.0,  # noqa: N803
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.T_0 = T_0
         self.T_mult = T_mult
         self.eta_min = eta_min
         self._schedule = _cosine.cosine_annealing_warm_restarts(
             initial_learning_rate, T_0, T_mult, eta_min)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
 
 class StepLR(_ClosedFormScheduler):
     """``init * gamma ** floor(t / step_size)`` (torch's ``StepLR``)."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float, step_size: int,
-                 gamma: float):
+                 gamma: float,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.step_size = step_size
         self.gamma = gamma
         self._schedule = _step.step_decay(initial_learning_rate, step_size, gamma)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
 
 class MultiStepLR(_ClosedFormScheduler):
     """``init * gamma ** (number of milestones <= t)`` (torch's ``MultiStepLR``)."""
 
     def __init__(self, optimizer: Any, initial_learning_rate: float, gamma: float,
-                 milestones: Sequence[int]):
+                 milestones: Sequence[int],
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.gamma = gamma
         self.milestones = milestones
         self._schedule = _step.multi_step(initial_learning_rate, gamma, milestones)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
 
 class MultiplicativeLR(_ClosedFormScheduler):
     """``init * coefficient ** t`` (torch's ``MultiplicativeLR`` with a constant factor)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, coefficient: float):
+    def __init__(self, optimizer: Any, initial_learning_rate: float, coefficient: float,
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.coefficient = coefficient
         self._schedule = _step.multiplicative(initial_learning_rate, coefficient)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
 
 class PiecewiseConstantLR(_ClosedFormScheduler):
@@ -221,11 +233,12 @@ class PiecewiseConstantLR(_ClosedFormScheduler):
     """
 
     def __init__(self, optimizer: Any, learning_rates: Sequence[float],
-                 milestones: Sequence[int]):
+                 milestones: Sequence[int],
+                 param_group_tags: ParamGroupTags = None):
         self.learning_rates = learning_rates
         self.milestones = milestones
         self._schedule = _step.piecewise_constant(learning_rates, milestones)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
     def _reference_lr(self) -> float | None:
         return self.learning_rates[0]
@@ -247,12 +260,13 @@ class LambdaLR(_ClosedFormScheduler):
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
+                 param_group_tags: ParamGroupTags = None, *,
                  lr_lambda: Callable | Sequence[Callable] | None = None):
         self.initial_learning_rate = initial_learning_rate
         self.lr_lambda = lr_lambda
         self._schedule = _step.lambda_schedule(
             initial_learning_rate, self.set_value_lambda())
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
     def set_value_lambda(self) -> Callable | Sequence[Callable] | None:
         """The lambda(s) of the step; ``None`` selects cstorch's placeholders."""
@@ -266,7 +280,8 @@ class CyclicLR(_ClosedFormScheduler):
 
     def __init__(self, optimizer: Any, base_lr: float, max_lr: float,
                  step_size_up: int = 2000, step_size_down: int | None = None,
-                 mode: str = "triangular", gamma: float = 1.0, scale_mode: str = "cycle"):
+                 mode: str = "triangular", gamma: float = 1.0, scale_mode: str = "cycle",
+                 param_group_tags: ParamGroupTags = None):
         self.base_lr = base_lr
         self.max_lr = max_lr
         self.step_size_up = step_size_up
@@ -276,7 +291,7 @@ class CyclicLR(_ClosedFormScheduler):
         self.scale_mode = scale_mode
         self._schedule = _cyclic.cyclic(
             base_lr, max_lr, step_size_up, step_size_down, mode, gamma, scale_mode)
-        super().__init__(optimizer)
+        super().__init__(optimizer, param_group_tags=param_group_tags)
 
     def _reference_lr(self) -> float | None:
         return self.base_lr
@@ -293,7 +308,8 @@ class OneCycleLR(_ClosedFormScheduler):
     def __init__(self, optimizer: Any, initial_learning_rate: float, max_lr: float,
                  total_steps: int = 1000, pct_start: float = 0.3,
                  final_div_factor: float = 1e4, three_phase: bool = False,
-                 anneal_strategy: str = "cos"):
+                 anneal_strategy: str = "cos",
+                 param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.max_lr = max_lr
         self.total_steps = total_steps
@@ -304,4 +320,4 @@ class OneCycleLR(_ClosedFormScheduler):
         self._schedule = _cyclic.one_cycle(
             initial_learning_rate, max_lr, total_steps, pct_start, final_div_factor,
             three_phase, anneal_strategy)
-        super().__init__(optimizer, total_iters=total_steps)
+        super().__init__(optimizer, total_iters=total_steps, param_group_tags=param_group_tags)

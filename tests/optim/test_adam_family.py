@@ -13,6 +13,7 @@ import cerebrax as cstorch
 from cerebrax.optim import Adam, Adamax, NAdam, RAdam, transforms
 
 torch = pytest.importorskip("torch")
+from cstorch_defaults import as_torch  # noqa: E402
 from optim_harness import (  # noqa: E402
     GivenGradients,
     gradients,
@@ -31,7 +32,7 @@ TOLERANCE = 1e-5
 
 def test_adam_with_a_zero_beta1():
     (ours, optimizer, _), (theirs, torch_optimizer) = run_both(
-        Adam, torch.optim.Adam, {"lr": 1e-2, "betas": (0.0, 0.99)}, STEPS
+        Adam, torch.optim.Adam, as_torch("Adam", {"lr": 1e-2, "betas": (0.0, 0.99)}), STEPS
     )
     assert max_param_error(ours, theirs) <= TOLERANCE
     assert max_state_error(optimizer, torch_optimizer) <= TOLERANCE

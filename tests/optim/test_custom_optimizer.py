@@ -104,3 +104,57 @@ def test_abstract_methods_are_required():
     ours = GivenGradients(initial())
     with pytest.raises(TypeError, match="abstract"):
         Incomplete(ours.ordered, {"lr": 0.1})
+
+
+def test_custom_optimizer_state_dict_saves_loads_and_continues(tmp_path):
+    """Trains 4 steps, saves with cstorch.save, then a fresh optimizer loads the file and
+    runs 4 more: the result is the uninterrupted 8-step run's, bit for bit."""
+    init, grads = initial(), gradients(8)
+    ours = GivenGradients(init)
+    groups = [{"params": ours.ordered[:2], "lr": 0.03}, {"params": ours.ordered[2:]}]
+    optimizer = MomentumSign(groups, lr=0.05, beta=0.8)
+    step = make_step(ours.model, optimizer)
+    for g in grads[:4]:
+        step(g)
+    optimizer.param_groups[1]["beta"] = 0.7  # a hyperparameter changed mid-run is saved too
+    state = optimizer.state_dict()
+    assert sorted(state["state"]) == [0, 1, 2]
+    assert sorted(state["state"][0]) == ["momentum", "step"] and state["state"][0]["step"] == 4
+    assert state["param_groups"] == [{"lr": 0.03, "beta": 0.8, "params": [0, 1]},
+                                     {"lr": 0.05, "beta": 0.7, "params": [2]}]
+    cstorch.save({"model": ours.model.state_dict(), "optimizer": state}, tmp_path / "c.h5")
+    for g in grads[4:]:
+        step(g)
+    uninterrupted = ours.state()
+    momentum = np.asarray(optimizer.state[ours.params["b.weight"]]["momentum"])
+
+    cstorch.reset()
+    saved = cstorch.load(tmp_path / "c.h5")
+    resumed = GivenGradients(init)
+    resumed.model.load_state_dict(saved["model"])
+    fresh = MomentumSign([{"params": resumed.ordered[:2], "lr": 0.03},
+                          {"params": resumed.ordered[2:]}], lr=0.05, beta=0.8)
+    fresh.load_state_dict(saved["optimizer"])
+    assert fresh.param_groups[1]["beta"] == 0.7
+    step = make_step(resumed.model, fresh)
+    for g in grads[4:]:
+        step(g)
+    chex.assert_trees_all_equal(resumed.state(), uninterrupted)
+    np.testing.assert_array_equal(fresh.state[resumed.params["b.weight"]]["momentum"], momentum)
+    assert float(fresh.state[resumed.params["a.bias"]]["step"]) == 8.0
+
+
+def test_custom_optimizer_load_state_dict_names_what_is_missing():
+    ours = GivenGradients(initial())
+    optimizer = MomentumSign(ours.ordered)
+    state = optimizer.state_dict()
+    del state["state"][1]["momentum"]
+    with pytest.raises(cstorch.StateError, match="'a.bias'.*lacks 'momentum'"):
+        MomentumSign(ours.ordered).load_state_dict(state)
+    state = optimizer.state_dict()
+    state["state"][2]["momentum"] = np.zeros((7,))
+    with pytest.raises(cstorch.StateError, match=r"shape \(7,\), expected \(3, 2\)"):
+        MomentumSign(ours.ordered).load_state_dict(state)
+    with pytest.raises(cstorch.StateError, match="doesn't match the size"):
+        MomentumSign([{"params": ours.ordered[:1]}, {"params": ours.ordered[1:]}]).load_state_dict(
+            {"state": {}, "param_groups": [{"params": [0, 1]}, {"params": [2]}]})

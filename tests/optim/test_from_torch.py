@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import chex
 import numpy as np
 import pytest
@@ -51,3 +53,43 @@ def test_optimizers_without_a_cerebrax_equivalent_are_refused():
         cstorch.optim.from_torch(torch.optim.LBFGS(module.parameters()))
     with pytest.raises(cstorch.ConfigError, match="Fix: build the cerebrax optimizer"):
         cstorch.optim.from_torch(object())
+
+
+_TORCH_DEFAULT_BUILT = ["ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax",
+                        "NAdam", "RAdam", "RMSprop", "Rprop", "SGD"]
+
+
+@pytest.mark.parametrize("name", _TORCH_DEFAULT_BUILT)
+def test_torch_defaults_carry_over_not_cstorchs(name):
+    """A torch optimizer built on torch's defaults keeps them (eps=1e-8, not cstorch's
+    1e-6), exactly as torch holds them, and the converted one trains like torch."""
+    assert set(_TORCH_DEFAULT_BUILT) == set(cstorch.optim._from_torch.TORCH_EQUIVALENTS)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    reference = copy.deepcopy(module)
+    compiled = cstorch.compile(module, "CPU")
+    converted = cstorch.optim.from_torch(getattr(torch.optim, name)(module.parameters()))
+    theirs = getattr(torch.optim, name)(reference.parameters())
+    want = theirs.state_dict()["param_groups"][0]
+    got = converted.state_dict()["param_groups"][0]
+    for key, value in want.items():
+        if key in got and key != "params":
+            assert got[key] == value and type(got[key]) is type(value), (key, got[key], value)
+
+    @cstorch.trace
+    def step(x):
+        loss = compiled(x).square().mean()
+        loss.backward()
+        converted.step()
+        converted.zero_grad()
+        return loss
+
+    data = torch.randn(5, 4, 3, generator=torch.Generator().manual_seed(1))
+    for x in data:
+        step(x)
+        theirs.zero_grad()
+        reference(x).square().mean().backward()
+        theirs.step()
+    for (key, value), ref in zip(module.state_dict().items(), reference.state_dict().values()):
+        np.testing.assert_allclose(np.asarray(value), ref.numpy(), rtol=1e-5, atol=1e-7,
+                                   err_msg=key)

@@ -225,7 +225,7 @@ def test_adafactor_state_dict_moves_between_torch_and_cerebrax():
 
 def test_adafactor_state_before_the_first_step_is_empty_like_torch():
     ours = GivenGradients(initial())
-    assert Adafactor(ours.ordered).state_dict()["state"] == {}
+    assert Adafactor(ours.ordered, lr=1e-2).state_dict()["state"] == {}
 
 
 def test_adafactor_factors_leading_dimensions_like_torch():
@@ -310,19 +310,19 @@ def test_learning_rate_change_needs_no_recompile():
      (Lion, {"weight_decay": -0.1}, "Invalid weight_decay"),
      (Lion, {"differentiable": True}, "differentiable"),
      (Adafactor, {"lr": -1.0}, "Learning rate should be >= 0"),
-     (Adafactor, {"beta2_decay": 0.5}, "beta2_decay should be <= 0"),
-     (Adafactor, {"eps": (-1.0, 1e-3)}, "epsilon1 should be >= 0"),
-     (Adafactor, {"eps": (None, -1.0)}, "epsilon2 should be >= 0"),
-     (Adafactor, {"d": 0.5}, "Clipping threshold d should be >= 1"),
-     (Adafactor, {"weight_decay": -0.1}, "weight_decay should be >= 0"),
-     (Adafactor, {"differentiable": True}, "differentiable"),
-     (Adafactor, {"beta1": 0.9}, "keeps no first moment"),
-     (Adafactor, {"scale_parameter": False}, "always scales"),
-     (Adafactor, {"relative_step": False}, "min\\(lr, 1 / sqrt\\(t\\)\\)"),
-     (Adafactor, {"relative_step": True}, "Drop relative_step"),
-     (Adafactor, {"warmup_init": True}, "no warm-up"),
-     (Adafactor, {"beta2_decay": -0.5, "decay_rate": -0.6}, "give only beta2_decay"),
-     (Adafactor, {"d": 2.0, "clip_threshold": 3.0}, "give only d")],
+     (Adafactor, {"lr": 1e-2, "beta2_decay": 0.5}, "beta2_decay should be <= 0"),
+     (Adafactor, {"lr": 1e-2, "eps": (-1.0, 1e-3)}, "epsilon1 should be >= 0"),
+     (Adafactor, {"lr": 1e-2, "eps": (None, -1.0)}, "epsilon2 should be >= 0"),
+     (Adafactor, {"lr": 1e-2, "d": 0.5}, "Clipping threshold d should be >= 1"),
+     (Adafactor, {"lr": 1e-2, "weight_decay": -0.1}, "weight_decay should be >= 0"),
+     (Adafactor, {"lr": 1e-2, "differentiable": True}, "differentiable"),
+     (Adafactor, {"lr": 1e-2, "beta1": 0.9}, "keeps no first moment"),
+     (Adafactor, {"lr": 1e-2, "scale_parameter": False}, "always scales"),
+     (Adafactor, {"lr": 1e-2, "relative_step": False}, "min\\(lr, 1 / sqrt\\(t\\)\\)"),
+     (Adafactor, {"lr": 1e-2, "relative_step": True}, "Drop relative_step"),
+     (Adafactor, {"lr": 1e-2, "warmup_init": True}, "no warm-up"),
+     (Adafactor, {"lr": 1e-2, "beta2_decay": -0.5, "decay_rate": -0.6}, "give only beta2_decay"),
+     (Adafactor, {"lr": 1e-2, "d": 2.0, "clip_threshold": 3.0}, "give only d")],
 )
 def test_invalid_hyperparameters(cls, kwargs, match):
     ours = GivenGradients(initial())

@@ -13,6 +13,7 @@ import pytest
 import cerebrax as cstorch
 
 torch = pytest.importorskip("torch")
+from cstorch_defaults import as_torch  # noqa: E402
 from optim_harness import max_param_error, max_state_error, run_both  # noqa: E402
 
 STEPS = 50
@@ -265,7 +266,8 @@ def _groups(spec):
 )
 def test_matches_torch_over_50_steps(case_id, name, kwargs, groups):
     (ours, optimizer, step), (theirs, torch_optimizer) = run_both(
-        getattr(cstorch.optim, name), getattr(torch.optim, name), kwargs, STEPS, _groups(groups)
+        getattr(cstorch.optim, name), getattr(torch.optim, name), as_torch(name, kwargs), STEPS,
+        _groups(groups),
     )
     assert max_param_error(ours, theirs) <= TOLERANCE
     assert max_state_error(optimizer, torch_optimizer) <= TOLERANCE

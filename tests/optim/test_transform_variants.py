@@ -88,6 +88,10 @@ _EAGER_REFERENCE = [
     ("scale_by_lion_sign", transforms.scale_by_lion_sign, {}),
     ("add_decoupled_weight_decay", transforms.add_decoupled_weight_decay,
      dict(learning_rate=1e-2, weight_decay=0.1)),
+    ("muon", transforms.muon, dict(learning_rate=0.02, weight_decay=0.1)),
+    # Unit-size steps (no learning rate): each Newton-Schulz iteration (slope 3.4 near 0)
+    # amplifies jit-vs-eager fusion rounding; the muon row above runs ns_steps=5 with a rate.
+    ("scale_by_muon", transforms.scale_by_muon, dict(momentum=0.9, nesterov=False, ns_steps=3)),
 ]
 
 

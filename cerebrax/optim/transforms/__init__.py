@@ -33,6 +33,9 @@ from ._lamb_lion import lion as lion
 from ._lamb_lion import scale_by_clamped_trust_ratio as scale_by_clamped_trust_ratio
 from ._lamb_lion import scale_by_lamb_moments as scale_by_lamb_moments
 from ._lamb_lion import scale_by_lion_sign as scale_by_lion_sign
+from ._muon import MuonState as MuonState
+from ._muon import muon as muon
+from ._muon import scale_by_muon as scale_by_muon
 from ._nadam import TorchNAdamState as TorchNAdamState
 from ._nadam import nadam as nadam
 from ._nadam import scale_by_torch_nadam as scale_by_torch_nadam
