@@ -274,7 +274,10 @@ class CompiledModel:
         leaves, treedef = jax.tree.flatten(_torch_leaves_to_jax((args, kwargs)))
         train = self.training
         static = tuple(None if is_array(x) else _static_key(x) for x in leaves)
-        fn = self._eager.get((train, treedef, static))
+        # The precision policy (set_half_dtype, amp.autocast) is read when the call is
+        # traced, so the dtype it gives is part of the cache key.
+        cache_key = (train, treedef, static, str(compute_dtype(self.backend)))
+        fn = self._eager.get(cache_key)
         if fn is None:
             template = [_ARRAY if is_array(x) else x for x in leaves]
 
@@ -284,7 +287,7 @@ class CompiledModel:
                                                      for x in template])
                 return self._forward(p, b, k, a, kw, train)
 
-            fn = self._eager[(train, treedef, static)] = jax.jit(forward)
+            fn = self._eager[cache_key] = jax.jit(forward)
         key = None
         if self._rng is not None:
             key, new = jax.random.split(self._rng.value)
