@@ -210,7 +210,8 @@ class CompiledModel:
                 f"size mismatch for {name!r}: the checkpoint has shape "
                 f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
             )
-        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype), self.backend.device)
+        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype),
+                                   self.backend.jax_device)
 
     # ---- calling ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -335,7 +336,7 @@ def _torch_leaves_to_jax(tree: Any) -> Any:
 def _place(value: Any, backend: Backend) -> jax.Array:
     if not isinstance(value, jax.Array):
         value = to_numpy(value)
-    return jax.device_put(value, backend.device)
+    return jax.device_put(value, backend.jax_device)
 
 
 def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel:  # noqa: A001
