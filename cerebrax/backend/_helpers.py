@@ -120,7 +120,8 @@ def make_constant(tensor: Any) -> Any:
     Raises:
       ConfigError: ``tensor`` is a traced value (computed by the step itself).
     """
-    inner = tensor.__jax_array__() if hasattr(tensor, "__jax_array__") else tensor
+    step_tensor = is_torch_tensor(tensor) and hasattr(tensor, "__jax_array__")
+    inner = tensor.__jax_array__() if step_tensor else tensor
     if isinstance(inner, jax.core.Tracer):
         raise ConfigError(
             "make_constant() got a value the traced step computes, which is not known "
