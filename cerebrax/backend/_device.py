@@ -33,7 +33,6 @@ then handed over like marked ones.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -74,7 +73,7 @@ class BackendDevice:
     def __enter__(self) -> BackendDevice:
         """Marks every torch parameter and buffer registered inside for hand-over."""
         handles = []
-        if "torch" in sys.modules or _torch_available():
+        if _torch_available():
             from torch.nn.modules import module as torch_module
 
             handles = [torch_module.register_module_parameter_registration_hook(_mark_hook),

@@ -217,9 +217,10 @@ def test_full_ones_zeros_match_torch(dtype):
     assert torch.equal(cstorch.ones((4,), dtype=dtype), torch.ones((4,), dtype=dtype))
     assert torch.equal(cstorch.zeros(3, dtype=dtype), torch.zeros(3, dtype=dtype))
     t = torch.arange(6, dtype=torch.float64).reshape(2, 3)
-    for ours, theirs in ((cstorch.full_like(t, 2.5, dtype=dtype), torch.full_like(t, 2.5, dtype=dtype)),
-                         (cstorch.ones_like(t, dtype=dtype), torch.ones_like(t, dtype=dtype)),
-                         (cstorch.zeros_like(t, dtype=dtype), torch.zeros_like(t, dtype=dtype))):
+    pairs = ((cstorch.full_like(t, 2.5, dtype=dtype), torch.full_like(t, 2.5, dtype=dtype)),
+             (cstorch.ones_like(t, dtype=dtype), torch.ones_like(t, dtype=dtype)),
+             (cstorch.zeros_like(t, dtype=dtype), torch.zeros_like(t, dtype=dtype)))
+    for ours, theirs in pairs:
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
 
 

@@ -222,3 +222,32 @@ def test_the_device_context_only_marks_what_is_built_inside():
     after = torch.nn.Linear(2, 2)
     assert [is_handed_over(m.weight) for m in (outside, inside, nested, after)] == [
         False, True, True, False]
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, x):
+        return self.head(self.wte(x))
+
+
+def test_a_tied_weight_is_handed_over_once():
+    backend = _fresh()
+    with backend.device:
+        net = _Tied()
+    want = net.wte.weight.detach().clone()
+    handles = _storages(net)
+    compiled = cstorch.compile(net, backend)
+    assert all(_expired(handles).values())
+    assert net.head.weight is net.wte.weight and net.wte.weight.is_meta
+    state = net.state_dict()
+    assert list(state) == ["wte.weight", "head.weight"]
+    for name in state:
+        np.testing.assert_array_equal(np.asarray(state[name]), want.numpy())
+    x = np.array([[1, 2, 3]])
+    np.testing.assert_allclose(np.asarray(compiled(x)),
+                               want.numpy()[x] @ want.numpy().T, rtol=1e-6)
