@@ -217,14 +217,24 @@ def current_executor() -> Executor | None:
 
 
 def drain(step: int | None = None) -> None:
-    """Runs, in order, the queued closures of steps up to ``step`` (all if None)."""
+    """Runs, in order, the queued closures of steps up to ``step`` (all if None).
+
+    A closure that raises ends the run's closures: the queue is dropped before the
+    error propagates, so the executor's cleanup (which drains what is left) never
+    calls that closure again for a later step and never chains a second copy of the
+    error onto the first.
+    """
     executor = current_executor()
     queue = RUNTIME.closures
     while queue and (step is None or queue[0].step <= step):
         entry = queue.popleft()
         if executor is not None and not executor.should_run(entry.step, entry.kind):
             continue
-        _run(entry)
+        try:
+            _run(entry)
+        except BaseException:
+            queue.clear()
+            raise
 
 
 def running_step() -> int | None:

@@ -2,13 +2,28 @@
 
 On the CSX backend cerebrax follows the wafer: weights stay float32 and the model's
 forward and backward run in float16 (mixed precision is on by default). On CPU and
-GPU the model computes in float32 unless :func:`set_half_dtype` chose a half dtype.
-``set_half_dtype("float32")`` turns mixed precision off on every backend, which is
-how the emulated wafer is compared with a float32 single-device run.
+GPU the model computes in float32 unless :func:`set_half_dtype` chose a half dtype or
+:func:`enable_mixed_precision` turned mixed precision on. ``set_half_dtype("float32")``
+turns mixed precision off on every backend, which is how the emulated wafer is
+compared with a float32 single-device run. :class:`autocast` overrides the policy for
+the model calls made under it.
+
+``cbfloat16`` is Cerebras' own 16-bit float: 1 sign bit, 6 exponent bits and 9
+explicit mantissa bits (twice float16's exponent range). No JAX dtype holds it, so
+cerebrax emulates it: where a model computes in the half dtype, its weights, buffers
+and inputs are rounded to the nearest cbfloat16 value (bit-exact round-to-nearest-
+even, with subnormals, and infinity past the largest finite value) and kept in
+float32, and the model's operations compute in float32 on those values, as the
+wafer's float32 arithmetic on 16-bit inputs does. Intermediate results are not
+rounded to cbfloat16 between operations. :func:`round_to_cbfloat16` is the rounding.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,19 +33,72 @@ from ._runtime import RUNTIME
 from .backend import current_backend
 from .errors import ConfigError
 
-__all__ = ["compute_dtype", "get_half_dtype", "get_half_dtype_str", "mixed_precision",
-           "set_half_dtype"]
+__all__ = ["CBFLOAT16", "autocast", "cast_floating", "compute_dtype",
+           "enable_mixed_precision", "get_floating_point_dtype",
+           "get_floating_point_dtype_str", "get_half_dtype", "get_half_dtype_str",
+           "mixed_precision", "round_to_cbfloat16", "set_half_dtype"]
 
+# The dtype that stands for each half dtype name; cbfloat16 has float16 as its proxy
+# (what cstorch's set_half_dtype returns for it), and computes as CBFLOAT16 below.
 _HALF_DTYPES = {"float16": jnp.float16, "bfloat16": jnp.bfloat16, "float32": jnp.float32,
                 "cbfloat16": jnp.float16}
+
+
+class _CBFloat16:
+    """The compute "dtype" of cbfloat16: float32 arrays holding cbfloat16 values."""
+
+    name = "cbfloat16"
+
+    def __repr__(self) -> str:
+        return "cbfloat16"
+
+
+CBFLOAT16 = _CBFloat16()
+
+# cbfloat16: 6 exponent bits (bias 31) and 9 mantissa bits, IEEE-754 conventions.
+_CB16_MANTISSA = 9
+_CB16_MIN_NORMAL = 2.0**-30
+_CB16_QUANTUM = 2.0**-39  # the subnormal spacing
+_CB16_MAX = (2.0 - 2.0**-_CB16_MANTISSA) * 2.0**31
+_DROP = 23 - _CB16_MANTISSA  # float32 mantissa bits below cbfloat16's
+
+
+def round_to_cbfloat16(x: jax.typing.ArrayLike) -> jax.Array:
+    """Rounds ``x`` to the nearest cbfloat16 value, returned as float32.
+
+    cbfloat16 has 1 sign, 6 exponent (bias 31) and 9 mantissa bits: normal values
+    from 2**-30 to (2 - 2**-9) * 2**31 (about 4.3e9), subnormals down to 2**-39.
+    Rounding is to nearest, ties to even; magnitudes that round past the largest
+    finite value become infinity; NaN stays NaN. Every cbfloat16 value is a float32,
+    so the result is exact in float32.
+
+    Example:
+      >>> float(round_to_cbfloat16(1.0 + 2.0**-10))   # a tie: to the even mantissa
+      1.0
+      >>> float(round_to_cbfloat16(1e5))               # float16 would overflow
+      99968.0
+    """
+    x = jnp.asarray(x, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    lsb = (bits >> _DROP) & 1
+    half = jnp.uint32((1 << (_DROP - 1)) - 1)
+    rounded = (bits + half + lsb) & jnp.uint32(~((1 << _DROP) - 1) & 0xFFFFFFFF)
+    normal = jax.lax.bitcast_convert_type(rounded, jnp.float32)
+    # Below the smallest normal the spacing is fixed: round x / 2**-39 to an integer
+    # (jnp.round rounds half to even); both scalings are exact powers of two.
+    subnormal = jnp.round(x * (1.0 / _CB16_QUANTUM)) * _CB16_QUANTUM
+    out = jnp.where(jnp.abs(x) < _CB16_MIN_NORMAL, subnormal, normal)
+    out = jnp.where(jnp.abs(out) > _CB16_MAX, jnp.copysign(jnp.inf, x), out)
+    return jnp.where(jnp.isnan(x), x, out)
 
 
 def set_half_dtype(dtype: Any) -> Any:
     """Chooses the compute dtype of mixed precision and returns it.
 
     Args:
-      dtype: ``"float16"`` (the wafer's default), ``"bfloat16"``, ``"float32"``
-        (mixed precision off), ``"cbfloat16"`` (float16 proxy), or the matching
+      dtype: ``"float16"`` (the wafer's default), ``"bfloat16"``, ``"cbfloat16"``
+        (emulated, see the module docs; the returned proxy is float16, as cstorch's),
+        ``"float32"`` (mixed precision off, a cerebrax extension), or the matching
         numpy / JAX / torch dtype.
 
     Example:
@@ -41,10 +109,24 @@ def set_half_dtype(dtype: Any) -> Any:
     name = _dtype_name(dtype)
     if name not in _HALF_DTYPES:
         raise ConfigError(
-            f"set_half_dtype() expects one of {sorted(_HALF_DTYPES)}, got {dtype!r}."
+            f"set_half_dtype() expects one of {sorted(_HALF_DTYPES)} (or the matching "
+            f"numpy / JAX / torch dtype), got {dtype!r}."
         )
     RUNTIME.half_dtype = name
+    RUNTIME.mixed_precision = None  # the choice of dtype decides again
     return jnp.dtype(_HALF_DTYPES[name])
+
+
+def enable_mixed_precision(enable: bool = True) -> bool:
+    """Turns mixed precision on or off on every backend and returns the new setting.
+
+    On, models compute in the half dtype (:func:`get_half_dtype_str`, float16 unless
+    chosen); off, in float32. Without a call the backend decides (on for CSX only).
+    """
+    if not isinstance(enable, bool):
+        raise ConfigError(f"enable_mixed_precision() expects a bool, got {enable!r}.")
+    RUNTIME.mixed_precision = enable
+    return enable
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -60,7 +142,7 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def get_half_dtype() -> Any:
-    """The chosen half dtype (float16 when none was chosen)."""
+    """The chosen half dtype (float16 when none was chosen; float16 for cbfloat16)."""
     return jnp.dtype(_HALF_DTYPES[get_half_dtype_str()])
 
 
@@ -68,31 +150,115 @@ def get_half_dtype_str() -> str:
     return RUNTIME.half_dtype or "float16"
 
 
+def get_floating_point_dtype(default: Any = jnp.float32) -> Any:
+    """The dtype models compute in on the current backend: the half dtype (its proxy for
+    cbfloat16) when mixed precision is on, else ``default``."""
+    return get_half_dtype() if mixed_precision() else jnp.dtype(default)
+
+
+def get_floating_point_dtype_str(default: str = "float32") -> str:
+    """Like :func:`get_floating_point_dtype`, by name (``"cbfloat16"`` included)."""
+    dtype = compute_dtype()
+    return default if dtype is None else dtype.name
+
+
 def mixed_precision(backend: Any = None) -> bool:
     """Whether models compute in a half dtype on ``backend`` (the current one if None)."""
     return compute_dtype(backend) is not None
 
 
+# The innermost autocast's half dtype name, "float32" for autocast(enabled=False), or
+# None outside every autocast. A context variable: each thread has its own.
+_AUTOCAST: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "cerebrax_autocast", default=None)
+
+
 def compute_dtype(backend: Any = None) -> Any | None:
-    """The dtype models compute in, or None for float32 (no casts)."""
+    """The dtype models compute in: a JAX dtype, :data:`CBFLOAT16`, or None for float32."""
+    name = _AUTOCAST.get()
+    if name is None:
+        name = _policy_name(backend)
+    if name is None or name == "float32":
+        return None
+    return CBFLOAT16 if name == "cbfloat16" else jnp.dtype(_HALF_DTYPES[name])
+
+
+def _policy_name(backend: Any) -> str | None:
+    """The half dtype name of the policy outside autocast, or None for float32."""
+    name, enabled = RUNTIME.half_dtype, RUNTIME.mixed_precision
+    if enabled is False:
+        return None
+    if enabled:
+        return name if name not in (None, "float32") else "float16"
+    if name is not None:
+        return name
     if backend is None:
         backend = current_backend(raise_exception=False)
-    if RUNTIME.half_dtype is not None:
-        name = RUNTIME.half_dtype
-    elif backend is not None and backend.is_csx:
-        name = "float16"
-    else:
-        return None
-    dtype = _HALF_DTYPES[name]
-    return None if dtype == jnp.float32 else jnp.dtype(dtype)
+    return "float16" if backend is not None and backend.is_csx else None
+
+
+class autocast(contextlib.ContextDecorator):
+    """Model calls under it compute in the half dtype (or in float32 if disabled).
+
+    A compiled model called inside ``with cstorch.amp.autocast():`` casts its weights,
+    buffers and inputs to the half dtype and computes in it, on every backend; outside,
+    the precision policy applies (float32 on CPU and GPU unless mixed precision was
+    turned on). ``autocast(enabled=False)`` computes in float32 even on CSX. Inside a
+    traced step the setting is captured when the step is traced: it is part of the
+    compiled graph. It applies to compiled models' calls, not to other code of the step.
+    Also usable as a decorator.
+
+    Args:
+      dtype: the half dtype (a name or dtype, as :func:`set_half_dtype` takes); None
+        uses :func:`get_half_dtype_str`.
+      enabled: False computes in float32 under it.
+
+    Example:
+      >>> with cstorch.amp.autocast():               # doctest: +SKIP
+      ...     logits = model(x)                      # float16 weights and activations
+    """
+
+    def __init__(self, dtype: Any = None, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"autocast(enabled=...) expects a bool, got {enabled!r}.")
+        name = None if dtype is None else _dtype_name(dtype)
+        if name is not None and name not in _HALF_DTYPES:
+            raise ConfigError(
+                f"autocast(dtype=...) expects one of {sorted(_HALF_DTYPES)}, got {dtype!r}."
+            )
+        self.dtype, self.enabled = name, enabled
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> autocast:
+        name = self.dtype or get_half_dtype_str()
+        if name == "float32" and self.enabled:
+            name = "float16"  # "float32" turns the policy off; autocast turns it on
+        self._tokens.append(_AUTOCAST.set(name if self.enabled else "float32"))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _AUTOCAST.reset(self._tokens.pop())
 
 
 def cast_floating(tree: Any, dtype: Any) -> Any:
-    """Casts the floating-point leaves of ``tree`` to ``dtype``."""
+    """Casts the floating-point leaves of ``tree`` to ``dtype`` (:data:`CBFLOAT16`:
+    rounds them to cbfloat16 values held in float32)."""
+    cast: Callable[[jax.Array], jax.Array]
+    if dtype is CBFLOAT16:
+        cast = _round_cb16
+    else:
+        cast = functools.partial(_astype, dtype=dtype)
     return jax.tree.map(
-        lambda x: x.astype(dtype)
+        lambda x: cast(x)
         if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
         else x,
         tree,
     )
 
+
+def _astype(x: jax.Array, dtype: Any) -> jax.Array:
+    return x.astype(dtype)
+
+
+def _round_cb16(x: jax.Array) -> jax.Array:
+    return round_to_cbfloat16(x.astype(jnp.float32))

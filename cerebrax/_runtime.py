@@ -60,6 +60,7 @@ class Runtime:
     # ---- the backend (cerebrax.backend) ----------------------------------------------
     backend: Any = None                   # the Backend of this process, or None
     run_config: Any = None                # what cstorch.configure() was given, or None
+    csx_flags: dict = dataclasses.field(default_factory=dict)  # cstorch.backends.csx.*
     # ---- registered state (cerebrax._state) ------------------------------------------
     generation: int = 0                   # bumped by reset(): older state is dropped
     state_device: Any = None              # where new state slots live (the backend's)
@@ -77,6 +78,7 @@ class Runtime:
     parameter_aliases: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
     # ---- mixed precision (cerebrax._precision) ---------------------------------------
     half_dtype: str | None = None         # set_half_dtype's choice; None: float16
+    mixed_precision: bool | None = None   # enable_mixed_precision's; None: the backend's
     # ---- data streaming (cerebrax.data) ----------------------------------------------
     streams: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
     # a JAX array a stream made from a torch tensor -> that tensor's torch dtype

@@ -308,7 +308,8 @@ class TraceContext:
             if self.grads is not None and p in self.grads:
                 saved.append((original, original.grad))
                 if p not in made:  # tied originals share one gradient tensor
-                    made[p] = JaxTensor(self.grads[p], original.dtype)
+                    made[p] = JaxTensor(self.grads[p], original.dtype,
+                                        device=original.device)
                 original.grad = made[p]
                 self.torch_grads.setdefault(p, original)
         try:

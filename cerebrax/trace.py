@@ -33,7 +33,7 @@ from ._filters import is_array, is_torch_tensor
 from ._interop import as_jax, torch_origin, torch_to_jax
 from ._placement import put_many
 from ._trace_context import DeferredValue, TraceContext, backward
-from .backend import Backend, get_or_create_backend
+from .backend import Backend, current_backend, flags_report, get_or_create_backend
 from .errors import RecompileError, StateError, TensorReadError
 
 __all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace",
@@ -345,7 +345,9 @@ def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seco
     """Writes a compiled step's HLO text and XLA memory analysis under ``directory``.
 
     ``{name}.hlo.txt`` holds the lowered program, ``{name}.memory.txt`` the compile
-    time and XLA's argument, output, temporary, alias and code sizes in bytes.
+    time and XLA's argument, output, temporary, alias and code sizes in bytes, then the
+    ``cstorch.backends.csx`` flags and ClusterConfig appliance fields set, each marked
+    applied or recorded (:func:`cerebrax.backend.flags_report`).
     ``what`` names the step in the printed line (default: the name in backquotes).
     """
     os.makedirs(directory, exist_ok=True)
@@ -358,6 +360,7 @@ def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seco
                       "temp_size_in_bytes", "alias_size_in_bytes",
                       "generated_code_size_in_bytes"):
             lines.append(f"{field}: {getattr(memory, field, 'n/a')}")
+    lines += flags_report(current_backend(raise_exception=False))
     with open(os.path.join(directory, f"{name}.memory.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     what = what or f"`{name}`"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -132,20 +133,28 @@ class Converted:
         signature = (train, spec, tuple(_leaf_signature(x) for x in leaves))
         program = self._programs.get(signature)
         if program is None:
-            examples = [self._example(x) for x in leaves]
+            # A module whose tensors are on torch's meta device (built there, or whose
+            # storage the compiled state took over) exports on meta inputs, and the
+            # tensors its forward creates land there too: only shapes matter here.
+            on_meta = any(t.is_meta for t in (*self.module.parameters(),
+                                              *self.module.buffers()))
+            examples = [self._example(x, meta=on_meta) for x in leaves]
             targs, tkwargs = pytree.tree_unflatten(examples, spec)
-            exported = export_program(self.module, targs, tkwargs, train=train)
+            with torch.device("meta") if on_meta else contextlib.nullcontext():
+                exported = export_program(self.module, targs, tkwargs, train=train)
             program = Program(exported, self.aliases)
             self._programs[signature] = program
         return program
 
-    def _example(self, x: Any) -> Any:
-        if isinstance(x, torch.Tensor) or not _is_input_array(x):
+    def _example(self, x: Any, *, meta: bool = False) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.to("meta") if meta else x
+        if not _is_input_array(x):
             return x
         dtype = export_dtype(x.dtype)
         if dtype.is_floating_point and self._float_dtype is not None:
             dtype = self._float_dtype
-        return torch.zeros(tuple(x.shape), dtype=dtype)
+        return torch.zeros(tuple(x.shape), dtype=dtype, device="meta" if meta else None)
 
     @property
     def programs(self) -> list[Program]:

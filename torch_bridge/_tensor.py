@@ -88,18 +88,22 @@ class JaxTensor(torch.Tensor):
       dtype: the torch dtype the tensor reports; by default the one torch code expects
         for ``value``'s dtype (integers as ``torch.int64``, as an exported input). A
         64-bit torch dtype may hold a 32-bit JAX value.
+      device: the torch device the tensor reports (the CPU; ``"meta"`` for the
+        gradient of a parameter whose storage the compiled state took over).
     """
 
     _jax: jax.Array
 
     @staticmethod
-    def __new__(cls, value: jax.Array, dtype: torch.dtype | None = None) -> JaxTensor:
+    def __new__(cls, value: jax.Array, dtype: torch.dtype | None = None,
+                device: Any = "cpu") -> JaxTensor:
         dtype = export_dtype(value.dtype) if dtype is None else dtype
         return torch.Tensor._make_wrapper_subclass(
-            cls, tuple(int(d) for d in value.shape), dtype=dtype, device="cpu",
+            cls, tuple(int(d) for d in value.shape), dtype=dtype, device=device,
             requires_grad=False)
 
-    def __init__(self, value: jax.Array, dtype: torch.dtype | None = None):
+    def __init__(self, value: jax.Array, dtype: torch.dtype | None = None,
+                 device: Any = "cpu"):
         super().__init__()
         self._jax = value
         for recorder in _RECORDERS:

@@ -10,11 +10,13 @@ from typing import Any
 import jax
 
 from .. import _state
-from .._filters import check_int
-from .._placement import local_device
+from .._filters import check_int, is_torch_tensor
+from .._interop import to_numpy, to_torch
 from .._runtime import RUNTIME
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, ConfigError, TensorReadError
 from ..wse import MODE_ALIASES, ClusterConfig, Layout, build_wafer
+from ._device import BackendDevice
+from ._flags import apply_flags
 
 __all__ = [
     "Backend",
@@ -22,8 +24,10 @@ __all__ = [
     "backend",
     "configure",
     "current_backend",
+    "current_torch_device",
     "reset",
     "run_config",
+    "use_cs",
 ]
 
 BACKEND_TYPES = ("CPU", "GPU", "CSX")
@@ -54,10 +58,15 @@ class Backend:
 
     Attributes:
       backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"``.
-      device: the JAX device that holds state and runs steps (on a wafer mesh, the first
-        mesh device of this process: state starts there and is laid out on the mesh
-        by the first step).
-      cluster_config: the :class:`ClusterConfig` of a CSX backend, else None.
+      device: the device that holds state and runs steps, a
+        :class:`~cerebrax.backend.BackendDevice`: it compares equal to its JAX device
+        and is cstorch's context manager (``with backend.device: model = Model()``
+        hands the model's weights to ``compile`` without keeping a second copy).
+      jax_device: that JAX device itself (on a wafer mesh, the first mesh device of
+        this process: state starts there and is laid out on the mesh by the first
+        step).
+      cluster_config: the :class:`ClusterConfig` of a CSX backend (with the
+        ``cstorch.backends.csx`` flags that apply to it applied), else None.
       artifact_dir: where compile artifacts and executor logs are written.
       compile_dir: where ``compile_only`` artifacts are written.
       compile_only: lower and compile steps, write artifacts, run nothing.
@@ -91,22 +100,43 @@ class Backend:
             )
         self.compile_only = bool(compile_only)
         self.validate_only = bool(validate_only)
-        self.cluster_config = cluster_config
+        self._cluster_config = cluster_config
         self.allow_recompile = bool(allow_recompile)
-        self.device = device if device is not None else _default_device(backend_type)
+        jax_device = device if device is not None else _default_device(backend_type)
         self.generation = _state.current_generation()
         # A CSX backend whose ClusterConfig spans several devices runs on a wafer mesh.
         self.wafer = None
         self.layout = None
         if backend_type == "CSX" and cluster_config is not None and device is None:
-            self.wafer = build_wafer(cluster_config)
+            self.wafer = build_wafer(self.cluster_config)
             if self.wafer is not None:
                 self.layout = Layout(self.wafer)
-                self.device = _local_mesh_device(self.wafer)
+                jax_device = _local_mesh_device(self.wafer)
             elif jax.process_count() > 1:
                 raise ConfigError(MSG_ONE_DEVICE_MULTIPROCESS.format(
                     mode=cluster_config.execution_mode, csx=cluster_config.num_csx,
                     n=jax.process_count(), total=jax.device_count()))
+        self.jax_device = jax_device
+        self.device = BackendDevice(backend_type, jax_device)
+
+    @property
+    def cluster_config(self) -> ClusterConfig | None:
+        """The CSX backend's ClusterConfig, with ``cstorch.backends.csx`` flags that
+        apply to it (``performance.micro_batch_size``) applied; None on CPU and GPU."""
+        return apply_flags(self._cluster_config)
+
+    @property
+    def cluster(self) -> ClusterConfig | None:
+        """The cluster this backend runs on: its :attr:`cluster_config`."""
+        return self.cluster_config
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.backend_type == "CPU"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend_type == "GPU"
 
     @property
     def is_csx(self) -> bool:
@@ -117,8 +147,46 @@ class Backend:
         """Whether steps run (False in compile-only and validate-only runs)."""
         return not (self.compile_only or self.validate_only)
 
+    @property
+    def is_tracing(self) -> bool:
+        """Whether a traced step is being built now (its code runs on traced values)."""
+        return _state.active_context() is not None
+
+    @property
+    def torch_device(self) -> Any:
+        """The torch device of the run's torch tensors: always the CPU, since the
+        state and the steps live in JAX (on :attr:`jax_device`)."""
+        return self.device.torch_device
+
+    def to_cpu(self, tensor: Any) -> Any:
+        """A host copy of ``tensor`` (or of every array in a tree of them).
+
+        A torch tensor comes back as a CPU torch tensor, a JAX array as a numpy array
+        (a host sync point: it waits for the step that computes it). Inside a traced
+        step values are not known yet: pass them to a step closure instead.
+
+        Raises:
+          TensorReadError: called on a value of a step being traced.
+        """
+        return jax.tree.map(_to_cpu, tensor, is_leaf=is_torch_tensor)
+
     def __repr__(self) -> str:
-        return f"Backend({self.backend_type!r}, device={self.device})"
+        return f"Backend({self.backend_type!r}, device={self.jax_device})"
+
+
+def _to_cpu(x: Any) -> Any:
+    value = x.__jax_array__() if is_torch_tensor(x) and hasattr(x, "__jax_array__") else x
+    if isinstance(value, jax.core.Tracer):
+        raise TensorReadError(
+            "backend.to_cpu() got a value of a traced step, which is only known once the "
+            "step runs. Pass it to a @cstorch.step_closure, which receives it on the host."
+        )
+    if is_torch_tensor(x) and value is x:
+        return x.detach().cpu()
+    if isinstance(value, jax.Array):
+        array = to_numpy(value)  # host sync point
+        return array if value is x else to_torch(array, x.dtype)
+    return x
 
 
 def _default_device(backend_type: str) -> jax.Device:
@@ -218,7 +286,7 @@ def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backe
     options = _validate_options(kind, dict(kwargs))
     new = Backend(kind, **options)
     RUNTIME.backend = new
-    _state.set_state_device(new.device)
+    _state.set_state_device(new.jax_device)
     return new
 
 
@@ -280,6 +348,20 @@ def current_backend(raise_exception: bool = True, raise_warning: bool = True) ->
             "cstorch.compile(model, backend)."
         )
     return None
+
+
+def current_torch_device() -> Any:
+    """The torch device of the current backend's torch tensors: the CPU (also without a
+    backend), since cerebrax keeps state and runs steps in JAX."""
+    import torch
+
+    return torch.device("cpu")
+
+
+def use_cs() -> bool:
+    """Whether the current backend is a CSX backend (False without a backend)."""
+    current = RUNTIME.backend
+    return current is not None and current.is_csx
 
 
 def get_or_create_backend(spec: Backend | str | None) -> Backend:

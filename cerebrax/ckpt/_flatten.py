@@ -127,7 +127,7 @@ def to_host(leaf: Leaf) -> np.ndarray:
     """The leaf as a C-contiguous, native-order numpy array (bf16 as ml_dtypes)."""
     try:
         if leaf.kind == "torch":
-            array = _torch_to_numpy(leaf.value)
+            array = torch_to_numpy(leaf.value)
         else:
             array = np.asarray(leaf.value)  # device -> host copy; reads a LazyArray
     except (TypeError, ValueError, RuntimeError) as error:
@@ -140,7 +140,7 @@ def to_host(leaf: Leaf) -> np.ndarray:
     return array if array.flags.c_contiguous else array.copy(order="C")  # keeps 0-d
 
 
-def _torch_to_numpy(tensor: Any) -> np.ndarray:
+def torch_to_numpy(tensor: Any) -> np.ndarray:
     torch = sys.modules["torch"]
     if tensor.layout != torch.strided:
         raise TypeError(f"only dense tensors can be saved, not {tensor.layout}")

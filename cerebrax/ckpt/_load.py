@@ -30,16 +30,19 @@ from ._format import (
     parse_version,
     text_digest,
 )
+from ._flatten import torch_to_numpy
 from ._lazy import ArrayInfo, LazyArray, Source
 from ._seal import Seal, read_seal
+from ._torch_file import is_torch_file, read_torch_file
 
 _MAP_LOCATIONS = (
     "None (lazy arrays), 'cache' or 'cpu' (numpy arrays) or 'jax' (jax arrays)"
 )
 
 
-def load(path: PathLike, map_location: str | None = None) -> Any:
-    """Reads a checkpoint written by :func:`save`. Never unpickles anything.
+def load(path: PathLike, map_location: str | None = None, *,
+         return_torch: bool | None = None) -> Any:
+    """Reads a checkpoint written by :func:`save`, or a torch file. Never runs its code.
 
     Containers come back as ``dict``/``list``/``tuple`` with the saved keys (int
     keys stay int) and order; non-array leaves come back as the saved Python
@@ -67,9 +70,24 @@ def load(path: PathLike, map_location: str | None = None) -> Any:
       The saved tree.
 
     Raises:
-      CheckpointError: A missing file, a file that is not a cerebrax checkpoint,
-        a partially written, truncated or damaged one, one from a newer format
-        version, or an unsupported ``map_location``. Damaged array data raises
+      return_torch: ``True``: every array comes back as a ``torch.Tensor`` (read
+        now), as cstorch's ``load`` gives them, so that torch code such as
+        ``state[k].t()`` runs on them. ``False``: torch files give numpy arrays.
+        ``None`` (the default): each format as it is, a cerebrax checkpoint's
+        arrays lazy (see ``map_location``), a torch file's tensors torch tensors.
+
+    A file written by ``torch.save`` (a zip archive or a bare pickle) is read with
+    ``torch.load(path, weights_only=True)``, which rebuilds tensors, containers and
+    plain values only and refuses any other pickled object, so no code in the file
+    ever runs; zip-format files are memory-mapped (tensors read the file on use).
+    Such a file's tensors come back as torch tensors on the CPU (``map_location``
+    ``None``, ``"cpu"`` or ``"cache"``) or as jax arrays (``"jax"``).
+
+    Raises:
+      CheckpointError: A missing file, a file that is neither a cerebrax checkpoint
+        nor a torch file, a partially written, truncated or damaged one, one from a
+        newer format version, a torch file holding objects that ``weights_only``
+        refuses, or an unsupported ``map_location``. Damaged array data raises
         when the array is read.
 
     Example:
@@ -83,6 +101,12 @@ def load(path: PathLike, map_location: str | None = None) -> Any:
     """
     path = os.fspath(path)
     to_target = _target_converter(map_location)
+    if is_torch_file(path):
+        return _load_torch_file(path, map_location, return_torch)
+    if return_torch:
+        from ._torch import to_torch
+
+        return to_torch(load(path, map_location))
     WRITER.settle(path)  # a background save to this path finishes first
     file, version = _open_checkpoint(path)
     try:
@@ -101,6 +125,41 @@ def load(path: PathLike, map_location: str | None = None) -> Any:
     finally:
         if to_target is not None:
             source.close()  # everything was read
+
+
+def _load_torch_file(path: str, map_location: Any, return_torch: bool | None) -> Any:
+    """A torch file's tree: torch tensors, numpy arrays (``return_torch=False``) or jax
+    arrays (``map_location="jax"``)."""
+    tree = read_torch_file(path)
+    if map_location == "jax":
+        if return_torch:
+            raise CheckpointError(
+                "load: return_torch=True asks for torch tensors and map_location='jax' "
+                "for jax arrays; pass one of them."
+            )
+        return _map_tensors(tree, lambda t, key: _jax_array(_tensor_numpy(t), key), ())
+    if return_torch is False:
+        return _map_tensors(tree, lambda t, key: _tensor_numpy(t), ())
+    return tree
+
+
+def _map_tensors(tree: Any, fn: Callable[[Any, str], Any], keys: tuple) -> Any:
+    """``tree`` with ``fn(tensor, dotted key)`` in place of every torch tensor."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return fn(tree, ".".join(map(str, keys)))
+    if isinstance(tree, dict):
+        return {k: _map_tensors(v, fn, (*keys, k)) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [_map_tensors(v, fn, (*keys, i)) for i, v in enumerate(tree)]
+        return items if isinstance(tree, list) else tuple(items)
+    return tree
+
+
+def _tensor_numpy(tensor: Any) -> np.ndarray:
+    """A numpy copy of a CPU tensor (bfloat16 as ``ml_dtypes.bfloat16``)."""
+    return np.array(torch_to_numpy(tensor))  # a copy: the tensor may map the file
 
 
 def is_checkpoint(path: PathLike) -> bool:
@@ -354,14 +413,18 @@ def _target_converter(map_location: Any) -> Callable[[LazyArray], Any] | None:
 
 
 def _to_jax(array: LazyArray) -> Any:
+    return _jax_array(array.numpy(), array.key)
+
+
+def _jax_array(values: np.ndarray, key: str) -> Any:
     import jax
     import jax.numpy as jnp
 
-    if jax.dtypes.canonicalize_dtype(array.dtype) != array.dtype:
+    if jax.dtypes.canonicalize_dtype(values.dtype) != values.dtype:
         raise CheckpointError(
-            f"Cannot load {array.key!r} as a jax array: its dtype {array.dtype.name} "
+            f"Cannot load {key!r} as a jax array: its dtype {values.dtype.name} "
             "needs jax_enable_x64 (jax would narrow it). Enable it with "
             "jax.config.update('jax_enable_x64', True), or load with "
             "map_location='cpu' and convert yourself."
         )
-    return jnp.asarray(array.numpy())  # host -> device copy
+    return jnp.asarray(values)  # host -> device copy

@@ -14,6 +14,7 @@ from ._format import PathLike
 from ._lazy import LazyArray
 from ._load import load
 from ._save import atomic_write, save
+from ._torch_file import read_torch_file
 
 
 def convert_torch_to_h5(src: PathLike, dst: PathLike) -> None:
@@ -29,18 +30,7 @@ def convert_torch_to_h5(src: PathLike, dst: PathLike) -> None:
         that ``weights_only`` refuses, or holds a value the H5 format cannot store
         (the message names its key).
     """
-    torch = _import_torch()
-    src = os.fspath(src)
-    if not os.path.isfile(src):
-        raise CheckpointError(f"No torch file at {src!r}: no such file.")
-    try:
-        tree = torch.load(src, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch reports bad files with assorted exceptions
-        raise CheckpointError(
-            f"Cannot read torch file {src!r} with torch.load(weights_only=True), which "
-            f"only rebuilds tensors and plain containers: {error}"
-        ) from error
-    save(tree, dst)
+    save(read_torch_file(os.fspath(src)), dst)
 
 
 def convert_h5_to_torch(src: PathLike, dst: PathLike) -> None:

@@ -41,7 +41,7 @@ def batch_placement() -> Any:
     backend = current_backend(raise_exception=False)
     if getattr(backend, "layout", None) is not None:
         return backend.layout.batch
-    return backend.device if backend is not None else None
+    return backend.jax_device if backend is not None else None
 
 
 class DataExecutor:

@@ -233,7 +233,7 @@ class Estimator:
             raise ConfigError("The input function's dataset is empty: it has no batch to "
                               "compile for.")
         backend = current_backend(raise_exception=False) or make_backend("CPU")
-        features, labels = to_device(tuple(first), backend.device)
+        features, labels = to_device(tuple(first), backend.jax_device)
         step = self._step(mode, features, labels)
         self._model.train(mode == ModeKeys.TRAIN)
         start = time.perf_counter()

@@ -210,7 +210,8 @@ class CompiledModel:
                 f"size mismatch for {name!r}: the checkpoint has shape "
                 f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
             )
-        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype), self.backend.device)
+        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype),
+                                   self.backend.jax_device)
 
     # ---- calling ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -274,7 +275,10 @@ class CompiledModel:
         leaves, treedef = jax.tree.flatten(_torch_leaves_to_jax((args, kwargs)))
         train = self.training
         static = tuple(None if is_array(x) else _static_key(x) for x in leaves)
-        fn = self._eager.get((train, treedef, static))
+        # The precision policy (set_half_dtype, amp.autocast) is read when the call is
+        # traced, so the dtype it gives is part of the cache key.
+        cache_key = (train, treedef, static, str(compute_dtype(self.backend)))
+        fn = self._eager.get(cache_key)
         if fn is None:
             template = [_ARRAY if is_array(x) else x for x in leaves]
 
@@ -284,7 +288,7 @@ class CompiledModel:
                                                      for x in template])
                 return self._forward(p, b, k, a, kw, train)
 
-            fn = self._eager[(train, treedef, static)] = jax.jit(forward)
+            fn = self._eager[cache_key] = jax.jit(forward)
         key = None
         if self._rng is not None:
             key, new = jax.random.split(self._rng.value)
@@ -332,7 +336,7 @@ def _torch_leaves_to_jax(tree: Any) -> Any:
 def _place(value: Any, backend: Backend) -> jax.Array:
     if not isinstance(value, jax.Array):
         value = to_numpy(value)
-    return jax.device_put(value, backend.device)
+    return jax.device_put(value, backend.jax_device)
 
 
 def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel:  # noqa: A001

@@ -7,7 +7,7 @@ the original module to the compiled state (:mod:`._torch_hooks`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from torch_bridge import Converted, JaxTensor, random_seed, to_jax
 
 from .._filters import is_array
+from ..backend import hand_over, materialize
 from ..wse import Layers, Stage
 from ._adapter import ModelAdapter
 
@@ -78,17 +79,20 @@ class TorchModelAdapter(ModelAdapter):
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
+        materialize(module)  # a module built on torch's meta device gets its values
         self.converted = Converted(module, train=module.training)
         self.initially_training = module.training
         self._state_names = list(module.state_dict(keep_vars=True))
         self._frozen = {name for name, p in module.named_parameters()
                         if not p.requires_grad}
 
-    def params(self) -> dict[str, Any]:
-        return self.converted.params
+    def params(self) -> Mapping[str, Any]:
+        # Tensors built under `with backend.device:` (or on meta) are freed as the
+        # compiled state copies them (cerebrax.backend.hand_over).
+        return hand_over(self.module, self.converted.params)
 
-    def buffers(self) -> dict[str, Any]:
-        return self.converted.buffers
+    def buffers(self) -> Mapping[str, Any]:
+        return hand_over(self.module, self.converted.buffers)
 
     def initial_key(self) -> jax.Array:
         return random_seed()

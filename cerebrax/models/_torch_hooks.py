@@ -109,6 +109,8 @@ class _WriteCompiledState(_Hook):
         compiled = self._target(module)
         if compiled is None:
             return
+        own = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers(remove_duplicate=False))}
         for name, ref in compiled._slots().items():
             key = prefix + name
             if key not in state_dict:
@@ -120,7 +122,13 @@ class _WriteCompiledState(_Hook):
                 array = array.reshape(())
             if tuple(array.shape) == shape:
                 compiled._write_slot(key, ref, array)
-            if not isinstance(value, torch.Tensor):
+            mine = own.get(name)
+            if mine is not None and mine.is_meta:
+                # The compiled state took this tensor's storage over: torch's own copy
+                # into it is a no-op, which torch does silently from a meta tensor (and
+                # still checks the shape).
+                state_dict[key] = torch.empty(array.shape, dtype=mine.dtype, device="meta")
+            elif not isinstance(value, torch.Tensor):
                 # torch copies only tensors into the module's own: give it one (a size
                 # mismatch is then reported by torch itself).
                 state_dict[key] = to_torch(array, copy=False)

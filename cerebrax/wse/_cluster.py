@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from .._filters import check_int
 from ..errors import ConfigError
 
-__all__ = ["ClusterConfig", "EXECUTION_MODES"]
+__all__ = ["APPLIANCE_FIELDS", "ClusterConfig", "EXECUTION_MODES"]
 
 EXECUTION_MODES = ("weight_streaming", "pipeline", "replica")
 # The cstorch.compile backend strings that select an execution mode.
@@ -54,6 +55,13 @@ class ClusterConfig:
     :mod:`cerebrax.wse`). With one visible device every configuration runs on it, so a script
     written for a cluster runs on a laptop.
 
+    The appliance fields of cstorch 2.10 (:data:`APPLIANCE_FIELDS`: ``mgmt_address``,
+    ``credentials_path``, ``cbcore_image``, ``job_priority``, ...) are accepted and kept,
+    so a ported script's config builds, but nothing in cerebrax applies them (there is
+    no appliance to reach); :meth:`appliance_settings` lists the ones set, and the
+    compile report records them. As in cstorch 2.10, ``max_wgt_servers=0`` and
+    ``max_act_per_csx=0`` (or None) let the system choose: cerebrax's defaults.
+
     Example:
       >>> import cerebrax as cstorch
       >>> cfg = cstorch.distributed.ClusterConfig(num_csx=1, num_workers_per_csx=2)
@@ -73,8 +81,29 @@ class ClusterConfig:
     num_stages: int | None = None
     num_replicas: int | None = None
     micro_batch_size: int | None = None
+    # cstorch 2.10's appliance fields: accepted and recorded, not applied.
+    mgmt_address: str | None = None
+    mgmt_namespace: str | None = None
+    credentials_path: str | None = None
+    cbcore_image: str | None = None
+    job_priority: str | None = None
+    job_time_sec: int | None = None
+    automount: bool | None = None
+    mount_all: bool | None = None
+    disable_mount_check: bool | None = None
+    disable_version_check: bool | None = None
+    workflow_id: str | None = None
+    notifications: Any = None
 
     def __post_init__(self) -> None:
+        for name, default in (("num_csx", 1), ("num_workers_per_csx", 1),
+                              ("transfer_processes", 5)):
+            if getattr(self, name) is None:  # cstorch scripts pass config.get(...)
+                object.__setattr__(self, name, default)
+        for name, default in (("max_wgt_servers", 24), ("max_act_per_csx", 1)):
+            if getattr(self, name) is None or type(getattr(self, name)) is int \
+                    and getattr(self, name) == 0:
+                object.__setattr__(self, name, default)  # 0: the system chooses
         _check_int("num_csx", self.num_csx, 1)
         _check_int("max_wgt_servers", self.max_wgt_servers, 1)
         _check_int("num_workers_per_csx", self.num_workers_per_csx, 0)
@@ -108,3 +137,27 @@ class ClusterConfig:
                 f"ClusterConfig.num_replicas={self.num_replicas} only applies to "
                 f"execution_mode='replica', not {mode!r}."
             )
+        for name in ("mgmt_address", "mgmt_namespace", "credentials_path", "cbcore_image",
+                     "job_priority", "workflow_id"):
+            _check_optional(name, getattr(self, name), str, "a string")
+        for name in ("automount", "mount_all", "disable_mount_check",
+                     "disable_version_check"):
+            _check_optional(name, getattr(self, name), bool, "a bool")
+        _check_int("job_time_sec", self.job_time_sec, 0, optional=True)
+
+    def appliance_settings(self) -> dict[str, Any]:
+        """The appliance fields that were set (recorded, not applied by cerebrax)."""
+        return {name: getattr(self, name) for name in APPLIANCE_FIELDS
+                if getattr(self, name) is not None}
+
+
+# Fields that only a Cerebras appliance uses; cerebrax keeps and reports them.
+APPLIANCE_FIELDS = ("mgmt_address", "mgmt_namespace", "credentials_path", "cbcore_image",
+                    "job_priority", "job_time_sec", "automount", "mount_all",
+                    "disable_mount_check", "disable_version_check", "workflow_id",
+                    "notifications")
+
+
+def _check_optional(name: str, value: object, kind: type, what: str) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"ClusterConfig.{name} must be {what} or None, got {value!r}.")

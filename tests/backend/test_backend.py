@@ -84,7 +84,10 @@ def test_compile_only_and_validate_only_are_exclusive():
     [
         ({"num_csx": 0}, "num_csx must be an integer >= 1"),
         ({"num_csx": -2}, "num_csx"),
-        ({"max_wgt_servers": 0}, "max_wgt_servers"),
+        ({"max_wgt_servers": -1}, "max_wgt_servers"),
+        ({"mgmt_address": 5}, "mgmt_address must be a string"),
+        ({"disable_version_check": "yes"}, "disable_version_check must be a bool"),
+        ({"job_time_sec": -3}, "job_time_sec"),
         ({"num_workers_per_csx": -1}, "num_workers_per_csx"),
         ({"transfer_processes": 1.5}, "transfer_processes"),
         ({"mount_dirs": "/data"}, "mount_dirs must be a list of strings"),
