@@ -102,3 +102,8 @@ def per_system_input_fn(data: list):
         return [(x[rows], y[rows]) for x, y in data]
 
     return input_fn
+
+
+# cstorch's AdamW defaults where they differ from torch's: a torch reference built with
+# these trains like cstorch.optim.AdamW built with its defaults.
+CSTORCH_ADAMW = dict(eps=1e-6, weight_decay=0.0)

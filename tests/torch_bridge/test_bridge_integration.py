@@ -25,6 +25,7 @@ from bridge_zoo import rel_err, seeded
 import cerebrax as cstorch
 import torch_bridge
 from cerebrax._interop import to_torch, torch_to_jax
+from helpers import CSTORCH_ADAMW
 
 
 class _MLP(nn.Module):
@@ -144,7 +145,8 @@ def test_param_groups_and_frozen_parameters_of_the_original_module():
     loader = _batches(6, seed=1)
     training_step = _training_step(compiled, optimizer)
     losses = [float(training_step(x, y)) for x, y in loader]
-    torch_optimizer = torch.optim.AdamW(groups(reference), lr=1e-3, weight_decay=0.1)
+    torch_optimizer = torch.optim.AdamW(groups(reference), lr=1e-3, weight_decay=0.1,
+                                        eps=1e-6)  # cstorch's default eps
     expected = _torch_losses(reference, torch_optimizer, loader)
     assert max(abs(a - b) / abs(b) for a, b in zip(losses, expected)) <= 1e-4
 
@@ -174,7 +176,8 @@ def test_tied_weights_optimizer_and_parity():
         optimizer.zero_grad()
         return loss
 
-    torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2,
+                                        **CSTORCH_ADAMW)
     gen = torch.Generator().manual_seed(3)
     for _ in range(5):
         tokens = torch.randint(0, 17, (4, 6), generator=gen)

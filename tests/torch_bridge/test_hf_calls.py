@@ -21,6 +21,7 @@ import torch_bridge
 from cerebrax.errors import ConfigError, TensorReadError
 
 from vision import load
+from helpers import CSTORCH_ADAMW
 
 load()  # transformers imports torchvision: load it next to the CPU torch first
 transformers = pytest.importorskip("transformers")
@@ -66,7 +67,7 @@ def test_training_step_with_default_flags_and_labels_equals_torch_eager(name):
     reference = copy.deepcopy(model)
     data = batches(STEPS)
 
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=LR, **CSTORCH_ADAMW)
     expected = []
     for x in data:
         out = reference(input_ids=x, labels=x)

@@ -17,6 +17,7 @@ import torch
 import vision
 
 import cerebrax as cstorch
+from helpers import CSTORCH_ADAMW
 
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
@@ -76,7 +77,7 @@ def test_hugging_face_example_trains_like_torch():
     ns = _run(without_dropout, captured)
     reference = captured["model"]
     expected = _eager_losses(
-        reference, torch.optim.AdamW(reference.parameters(), lr=1e-3),
+        reference, torch.optim.AdamW(reference.parameters(), lr=1e-3, **CSTORCH_ADAMW),
         lambda m, x: m(input_ids=x, labels=x).loss, [(ns["tokens"],)] * 5)
     np.testing.assert_allclose(ns["losses"], expected, rtol=1e-5)
 

@@ -25,6 +25,7 @@ from cerebrax.errors import TensorReadError
 
 from seed001_parts import (BATCH, CLASSES, FEATURES, Classifier, eval_dataloader_fn,
                            train_dataloader_fn)
+from helpers import CSTORCH_ADAMW
 
 STEPS, LR = 30, 0.05
 
@@ -223,7 +224,7 @@ def test_loss_backward_clip_step_zero_grad_equals_torch_eager():
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     batches = list(train_dataloader_fn(BATCH))[:12]
 
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, **CSTORCH_ADAMW)
     expected = []
     for inputs, targets in batches:
         loss = loss_fn(reference(inputs), targets)
