@@ -64,8 +64,13 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "nn.functional.scaled_dot_product_attention": (1e-5, 2e-5),
     "fft.fft2": (1e-5, 1e-5),  # XLA's FFT vs pocketfft: other butterfly order
     "fft.rfft2": (1e-5, 1e-5),
-    "nn.functional.conv2d": (1e-5, 1e-5),  # every sample: sums in another order
-    "nn.functional.conv3d": (1e-5, 1e-5),
+    # every sample: sums in another order (measured over all samples: conv2d 1.32e-5 on
+    # sample 23, conv3d 2.16e-5 on sample 12, cdist 9.3e-6 on sample 32, bicubic
+    # interpolation 1.03e-6 on sample 12)
+    "nn.functional.conv2d": (1e-5, 2e-5),
+    "nn.functional.conv3d": (1e-5, 3e-5),
+    "cdist": (1e-5, 1e-5),
+    "nn.functional.interpolate.bicubic": (1e-5, 2e-6),
     # Average pools sum their windows in the input's dtype here, in float32 in torch.
     "nn.functional.avg_pool2d@bfloat16": (5e-2, 7e-2),
     "nn.functional.adaptive_avg_pool3d@bfloat16": (5e-2, 5e-2),
@@ -90,11 +95,25 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     # bfloat16 results a rounding step or two from torch's (measured on sample 1: cross
     # max abs error 0.0625, bilinear 0.0137).
     "linalg.cross@bfloat16": (5e-2, 7e-2),
-    "nn.functional.interpolate.bilinear@bfloat16": (1.6e-2, 2e-2),
+    "nn.functional.interpolate.bilinear@bfloat16": (1.6e-2, 4e-2),  # 0.0273 on sample 12
+    # torch's decompositions of these (what an export gives, so the bridge's input)
+    # round every intermediate to the half dtype, where torch eager computes in float32
+    # and rounds once: cross's two products before their difference (0.0059 on sample
+    # 1), logspace's power (4 units in the last place, 512 at 16384, on sample 310).
+    "linalg.cross@float16": (4e-3, 8e-3),
+    "logspace@bfloat16": (5e-2, 1e-2),
     "nn.functional.upsample_bilinear@bfloat16": (1.6e-2, 2e-2),
 }
 
 SKIPS: dict[str, str] = {
+    # float16 results that land on the other side of an integer boundary: the truncated
+    # quotient (sample 6) and histc's bin of an element at a bin edge (samples 24 and 56)
+    # differ from torch by exactly 1. Neither float16 nor float32 arithmetic in the
+    # lowering reproduces torch's CPU kernels on every sample (both tried and measured).
+    "div.trunc_rounding@float16": "float16 quotients at an integer boundary truncate to "
+                                  "the neighbouring integer in torch's CPU kernel",
+    "histc@float16": "float16 elements at a bin edge fall in the neighbouring bin in "
+                     "torch's CPU kernel",
     # Uninitialized memory: torch returns whatever the allocator held, the bridge zeros.
     "empty": "output is uninitialized memory in torch",
     "new_empty": "output is uninitialized memory in torch",

@@ -245,12 +245,21 @@ def check_opinfo(info: Any) -> Result:
             tols = [tolerance(name, d)] * len(samples)
             if run_samples(info, [s for _, s in samples], tols).status == "pass":
                 continue
-            for i, sample in samples:
-                single = run_samples(info, [sample], [tolerance(name, d)])
-                if single.status != "pass":
-                    detail = single.detail.removeprefix("sample 0: ")
-                    single.detail = f"{_short(d)} sample {i}: {detail}"
-                    return single
+            # The first failing sample, by bisection over prefixes (a prefix fails when
+            # it holds a failing sample): a few programs, not one per sample.
+            lo, hi = 0, len(samples) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                prefix = [s for _, s in samples[:mid + 1]]
+                if run_samples(info, prefix, tols[:mid + 1]).status == "pass":
+                    lo = mid + 1
+                else:
+                    hi = mid
+            i, sample = samples[lo]
+            single = run_samples(info, [sample], [tolerance(name, d)])
+            detail = single.detail.removeprefix("sample 0: ")
+            single.detail = f"{_short(d)} sample {i}: {detail}"
+            return single if single.status != "pass" else result
         return result
 
 

@@ -140,6 +140,11 @@ CASES: dict[str, tuple] = {
     "_grouped_mm.batched": (lambda a, b: torch._grouped_mm(a, b),
                             (_randn(3, 4, 8).bfloat16(), _randn(3, 8, 16, seed=1).bfloat16()),
                             (1.6e-2, 1e-2)),
+    **{f"grid_sampler_2d.bicubic.{pad}": (
+        lambda x, g, pad=pad: torch.nn.functional.grid_sample(
+            x, g, mode="bicubic", padding_mode=pad, align_corners=pad == "reflection"),
+        (_randn(2, 3, 5, 7), _randn(2, 4, 6, 2, seed=1).clamp(-1.3, 1.3)), (1e-5, 1e-5))
+       for pad in ("zeros", "border", "reflection")},
     "empty_permuted": (_empty_permuted, (_randn(2, 3, 4),), (0, 0)),
     "empty_strided": (
         lambda x: torch.empty_strided((2, 3), (1, 2)).copy_(x) + 1, (_randn(2, 3),), (0, 0)),

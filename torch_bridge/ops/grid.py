@@ -1,4 +1,4 @@
-"""``F.grid_sample``: bilinear and nearest sampling at grid locations (2-d)."""
+"""``F.grid_sample``: bilinear, nearest and bicubic sampling at grid locations (2-d)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,12 @@ def _reflect(coord, twice_low: int, twice_high: int):
 
 
 def _source(coord, size: int, padding_mode: int, align_corners: bool):
-    coord = _unnormalize(coord, size, align_corners)
+    return _padded(_unnormalize(coord, size, align_corners), size, padding_mode,
+                   align_corners)
+
+
+def _padded(coord, size: int, padding_mode: int, align_corners: bool):
+    """A pixel coordinate moved inside the image by the padding mode (zeros: as it is)."""
     if padding_mode == 1:  # border
         coord = jnp.clip(coord, 0, size - 1)
     elif padding_mode == 2:  # reflection
@@ -62,13 +67,53 @@ def _sample_one(image, ix, iy, mode: int):
             + tap(y1, x0) * (wy1 * wx0) + tap(y1, x1) * (wy1 * wx1))
 
 
+def _cubic_weights(t):
+    """torch's cubic convolution weights (A = -0.75) of the taps at -1, 0, 1, 2 for a
+    fractional offset ``t``."""
+    a = -0.75
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return far(t + 1), near(t), near(1 - t), far(2 - t)
+
+
+def _bicubic(image, ix, iy, padding_mode: int, align_corners: bool):
+    """image (C, H, W); ix, iy (Ho, Wo) unnormalized coordinates -> (C, Ho, Wo): 16 taps,
+    each moved inside by the padding mode, as torch's bicubic grid_sample."""
+    _, h, w = image.shape
+    x0, y0 = jnp.floor(ix), jnp.floor(iy)
+    wx, wy = _cubic_weights(ix - x0), _cubic_weights(iy - y0)
+
+    def tap(yi, xi):
+        yi = _padded(yi, h, padding_mode, align_corners)
+        xi = _padded(xi, w, padding_mode, align_corners)
+        inside = (xi >= 0) & (xi <= w - 1) & (yi >= 0) & (yi <= h - 1)
+        yc = jnp.clip(yi, 0, h - 1).astype(jnp.int32)
+        xc = jnp.clip(xi, 0, w - 1).astype(jnp.int32)
+        return jnp.where(inside, image[:, yc, xc], jnp.zeros((), image.dtype))
+
+    out = 0
+    for i in range(4):
+        row = sum(tap(y0 - 1 + i, x0 - 1 + j) * wx[j] for j in range(4))
+        out = out + row * wy[i]
+    return out
+
+
 @lowering(aten.grid_sampler_2d.default)
 def grid_sampler_2d(x, grid, interpolation_mode, padding_mode, align_corners):
+    h, w = x.shape[-2:]
+    if interpolation_mode == 2:  # bicubic: padding applies to every tap
+        ix = _unnormalize(grid[..., 0], w, align_corners)
+        iy = _unnormalize(grid[..., 1], h, align_corners)
+        return jax.vmap(lambda im, gx, gy: _bicubic(im, gx, gy, padding_mode,
+                                                    align_corners))(x, ix, iy)
     if interpolation_mode not in (0, 1):
         raise UnsupportedOpError(
-            "grid_sampler_2d supports mode='bilinear' and 'nearest'; 'bicubic' has no "
-            "lowering.")
-    h, w = x.shape[-2:]
+            f"grid_sampler_2d has no lowering for interpolation mode {interpolation_mode}.")
     ix = _source(grid[..., 0], w, padding_mode, align_corners)
     iy = _source(grid[..., 1], h, padding_mode, align_corners)
     return jax.vmap(lambda im, gx, gy: _sample_one(im, gx, gy, interpolation_mode))(x, ix, iy)
