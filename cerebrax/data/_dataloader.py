@@ -245,6 +245,21 @@ class DataLoader:
                     self._source = self._call_input_fn()
             return self._source
 
+    @property
+    def dataloader(self) -> Any:
+        """The iterable ``input_fn`` built (a torch DataLoader, a list, ...).
+
+        The same object as :attr:`source`: built once, on first use, in the user node's
+        context. As in cstorch, this is an attribute, not a method.
+        """
+        return self.source
+
+    @property
+    def is_restartable(self) -> bool:
+        """Whether :attr:`dataloader` saves and restores its own position
+        (:class:`RestartableDataLoader`: ``state_dict()`` and ``load_state_dict()``)."""
+        return isinstance(self.source, _streamers.RestartableDataLoader)
+
     def source_length(self) -> int | None:
         """The number of batches of the user node's iterable, None when it has no length."""
         try:

@@ -38,6 +38,7 @@ from .._interop import mark_torch_origin, to_numpy
 from .._placement import put_many
 from .._runtime import RUNTIME
 from ..errors import ConfigError, StateError
+from ._torch_workers import safe_iter
 from ._streamers import (
     DataLoaderCheckpoint,
     RestartableDataLoader,
@@ -46,7 +47,8 @@ from ._streamers import (
     worker_state,
 )
 
-__all__ = ["Stream", "WorkerPosition", "mark_torch_leaves", "place", "to_host", "torch_dtypes"]
+__all__ = ["Stream", "WorkerPosition", "batch_rows", "mark_torch_leaves", "place", "to_host",
+           "torch_dtypes"]
 
 _POLL_S = 0.05  # how often a blocked put or get looks at the stop event
 _JOIN_S = 2.0  # how long close() waits for the threads, in all
@@ -118,7 +120,7 @@ def _on(x: Any, placement: Any) -> bool:
     return x.sharding == placement
 
 
-def _rows(batch: Any) -> int:
+def batch_rows(batch: Any) -> int:
     """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
     for x in jax.tree.leaves(batch):
         if is_array(x):
@@ -204,7 +206,8 @@ class _Placed:
 
 def _set_epoch(source: Any, epoch: int) -> None:
     """Tells epoch-aware samplers and datasets (``set_epoch``) which epoch starts."""
-    for obj in (source, getattr(source, "sampler", None), getattr(source, "dataset", None)):
+    for obj in (source, getattr(source, "sampler", None), getattr(source, "batch_sampler", None),
+                getattr(source, "dataset", None)):
         set_epoch = getattr(obj, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -265,7 +268,7 @@ class _Worker:
         while not self.stream.stop.is_set():
             _set_epoch(source, epoch)
             seen = 0
-            for batch in source:
+            for batch in safe_iter(source):
                 seen += 1
                 position += 1
                 if (epoch, position) <= target:  # consumed before the resume: replay
@@ -275,7 +278,7 @@ class _Worker:
                 dtypes = torch_dtypes(batch)
                 host = to_host(batch)
                 batches += 1
-                samples += _rows(host)
+                samples += batch_rows(host)
                 pos = WorkerPosition(epoch, position, batches, samples)
                 if restartable:
                     with worker_state(self._checkpoint(pos)):
