@@ -202,9 +202,10 @@ class DataExecutor:
         if _closures.current_executor() is not self:
             return  # a newer loop took over: this one's closures were dropped
         try:
-            _closures.drain()
             if finished:
+                _closures.drain(self.num_steps - 2)
                 self.profiler.step_done(self._samples)
+            _closures.drain()
             self.profiler.finish()
             if callable(getattr(self.writer, "flush", None)):
                 self.writer.flush()
@@ -234,12 +235,10 @@ class DataExecutor:
         previous = step - 1
         if step == 1:
             self.profiler.start()  # step 0 is compiled and dispatched: the clock starts
+        # Run closures up to step - 2: step - 1 is still computing, keep it busy.
+        _closures.drain(step - 2)
+        self.profiler.step_done(self._samples)  # step - 1 is counted after their closures
         if self.is_checkpoint_step(previous):
-            self.profiler.step_done(self._samples)
             _closures.drain()
-        else:
-            # Run closures up to step - 2: step - 1 is still computing, keep it busy.
-            _closures.drain(step - 2)
-            self.profiler.step_done(self._samples)
         if self.progress is not None:
             self.progress.update(step)

@@ -25,12 +25,17 @@ Loaders that restart their workers every epoch can keep them with
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import pickle
 import weakref
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
+
+from .._filters import is_torch_tensor
 from ..errors import ConfigError
 
 __all__ = ["SAFE_START_METHOD", "is_torch_dataloader", "safe_iter", "use_safe_start_method"]
@@ -39,8 +44,9 @@ SAFE_START_METHOD = (
     "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 )
 
-# The loaders whose start method cerebrax chose (a failure to pickle is then ours to explain).
+# The loaders whose start method cerebrax chose, and those of them checked to pickle.
 _CHOSEN: weakref.WeakSet = weakref.WeakSet()
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
 _PRELOAD = ["__main__", "torch"]  # what the forkserver imports before it forks workers
 _preloaded = False
 
@@ -48,7 +54,7 @@ MSG_PICKLE = """\
 The torch DataLoader uses num_workers={workers}. Beside JAX, cerebrax starts its worker
 processes with multiprocessing_context={method!r} (a forked copy of a process running
 JAX's threads can deadlock), and that start method sends the dataset, collate_fn and
-worker_init_fn to each worker by pickling them; pickling failed:
+worker_init_fn to each worker by pickling them; pickling the {part} failed:
     {error}
 Fix, one of:
   - define the dataset class, collate_fn and worker_init_fn at module level of an
@@ -83,10 +89,31 @@ def use_safe_start_method(loader: Any) -> Any:
     return loader
 
 
-def _is_pickling_error(error: BaseException) -> bool:
-    if isinstance(error, pickle.PicklingError):
-        return True
-    return isinstance(error, (AttributeError, TypeError)) and "pickle" in str(error).lower()
+class _Probe(ForkingPickler):
+    """Pickles an object graph the way the workers receive it, skipping array data
+    (tensors and numpy arrays are sent through shared memory, and cost nothing here)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if is_torch_tensor(obj) or isinstance(obj, np.ndarray):
+            return id(obj)
+        return None
+
+
+def _check_picklable(loader: Any) -> None:
+    """Raises the ConfigError of :data:`MSG_PICKLE` if the workers' share of ``loader``
+    cannot be pickled (checked once per loader, before any worker starts)."""
+    if loader in _CHECKED:
+        return
+    parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
+             "worker_init_fn": loader.worker_init_fn}
+    for part, obj in parts.items():
+        try:
+            _Probe(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(obj)
+        except Exception as error:  # noqa: BLE001 - any failure to pickle stops the workers
+            raise ConfigError(MSG_PICKLE.format(
+                workers=loader.num_workers, method=SAFE_START_METHOD, part=part,
+                error=f"{type(error).__name__}: {error}")) from error
+    _CHECKED.add(loader)
 
 
 def safe_iter(source: Any) -> Iterator[Any]:
@@ -97,10 +124,6 @@ def safe_iter(source: Any) -> Iterator[Any]:
         collate_fn, worker_init_fn) cannot be pickled, with the ways to fix it.
     """
     use_safe_start_method(source)
-    try:
-        return iter(source)
-    except Exception as error:
-        if source in _CHOSEN and _is_pickling_error(error):
-            raise ConfigError(MSG_PICKLE.format(
-                workers=source.num_workers, method=SAFE_START_METHOD, error=error)) from error
-        raise
+    if source in _CHOSEN:
+        _check_picklable(source)
+    return iter(source)
