@@ -124,6 +124,6 @@ def safe_iter(source: Any) -> Iterator[Any]:
         collate_fn, worker_init_fn) cannot be pickled, with the ways to fix it.
     """
     use_safe_start_method(source)
-    if source in _CHOSEN:
+    if is_torch_dataloader(source) and source in _CHOSEN:
         _check_picklable(source)
     return iter(source)
