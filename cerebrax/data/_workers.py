@@ -99,13 +99,27 @@ def place(batch: Any, placement: Any) -> Any:
     of the global batch, and no collective runs (placement may run in a data thread).
     """
     leaves, treedef = jax.tree.flatten(batch)
+    placed = _place_leaves(leaves, placement)
+    return batch if placed is leaves else jax.tree.unflatten(treedef, placed)
+
+
+def _place_leaves(leaves: list, placement: Any) -> list:
+    """:func:`place` on a flat list of leaves (the same list if nothing moves)."""
     where = [i for i, x in enumerate(leaves) if is_array(x) and not _on(x, placement)]
     if not where:
-        return batch  # already where it belongs: batches pre-placed by the user
-    placed = put_many([leaves[i] for i in where], placement)
-    for i, x in zip(where, placed):
-        leaves[i] = x
-    return jax.tree.unflatten(treedef, leaves)
+        return leaves  # already where it belongs: batches pre-placed by the user
+    values = [leaves[i] for i in where]
+    if placement is None or isinstance(placement, jax.Device) or (
+            isinstance(placement, jax.sharding.Sharding) and placement.is_fully_addressable):
+        # One placement for every leaf, in this process: a single call with a single
+        # placement (a list of per-leaf placements takes JAX's slower path).
+        moved = jax.device_put(values, placement)
+    else:
+        moved = put_many(values, placement)
+    placed = list(leaves)
+    for i, x in zip(where, moved):
+        placed[i] = x
+    return placed
 
 
 def _on(x: Any, placement: Any) -> bool:
@@ -122,45 +136,86 @@ def _on(x: Any, placement: Any) -> bool:
 
 def batch_rows(batch: Any) -> int:
     """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
-    for x in jax.tree.leaves(batch):
+    return _leading_rows(jax.tree.leaves(batch))
+
+
+def _leading_rows(leaves: list) -> int:
+    for x in leaves:
         if is_array(x):
-            return int(np.shape(x)[0]) if np.ndim(x) else 1
+            shape = np.shape(x)
+            return int(shape[0]) if shape else 1
     return 1
 
 
-def _concat(parts: list[Any]) -> Any:
-    """The systems' batches joined along the batch dimension (the global batch)."""
+def _flatten_to_host(batch: Any) -> tuple[list, Any, list]:
+    """``batch`` as flat leaves with torch tensors as numpy, its treedef, and the torch
+    dtype of every leaf (None for the others): one pass over the tree."""
+    leaves, treedef = jax.tree.flatten(batch)  # torch tensors are leaves
+    dtypes = [x.dtype if is_torch_tensor(x) else None for x in leaves]
+    host = [x if d is None else _host_array(x) for x, d in zip(leaves, dtypes)]
+    return host, treedef, dtypes
 
-    def join(*leaves: Any) -> Any:
+
+def _host_array(tensor: Any) -> np.ndarray:
+    try:
+        return tensor.numpy()  # the usual CPU tensor: a view, at once
+    except (RuntimeError, TypeError):  # bfloat16, requires_grad, conj/neg bits, on a GPU
+        return to_numpy(tensor)
+
+
+def _concat_leaves(parts: list[_HostBatch]) -> list:
+    """The systems' batches joined along the batch dimension (the global batch)."""
+    treedef = parts[0].treedef
+    if any(p.treedef != treedef for p in parts[1:]):
+        raise ConfigError(
+            "The streaming workers' batches differ in structure "
+            f"({[str(p.treedef) for p in parts]}); every worker's input_fn must return "
+            "batches of the same nested structure."
+        )
+
+    def join(leaves: tuple) -> Any:
         if is_array(leaves[0]) and np.ndim(leaves[0]) >= 1:
             return np.concatenate([np.asarray(x) for x in leaves])
         return leaves[0]
 
-    return jax.tree.map(join, *parts)
+    return [join(leaves) for leaves in zip(*(p.leaves for p in parts))]
 
 
 class _BatchSizeCheck:
-    """Raises when a batch's dim 0 differs, on some leaf, from the first batch's."""
+    """Raises when a batch's dim 0 differs, on some leaf, from the first batch's.
+
+    The usual case (same structure, same leading dimensions) compares two short lists;
+    leaf paths are only spelled out to report a difference.
+    """
 
     def __init__(self) -> None:
-        self.first: dict[str, tuple[int, ...]] | None = None
+        self.first: tuple[Any, list] | None = None  # treedef, shapes of the leaves
 
-    def __call__(self, batch: Any, step: int) -> None:
-        shapes = {
-            jax.tree_util.keystr(path): np.shape(x)
-            for path, x in jax.tree_util.tree_leaves_with_path(batch)
-            if is_array(x)
-        }
+    def __call__(self, leaves: list, treedef: Any, step: int) -> None:
+        shapes = [np.shape(x) if is_array(x) else None for x in leaves]
         if self.first is None:
-            self.first = shapes
+            self.first = (treedef, shapes)
             return
+        first_treedef, first_shapes = self.first
+        if treedef == first_treedef and all(
+                a is None or b is None or a[:1] == b[:1] for a, b in zip(shapes, first_shapes)):
+            return
+        before, now = _by_path(*self.first), _by_path(treedef, shapes)
         rows = [
-            f"  batch{path}: first batch {self.first[path]}, this batch {shape}"
-            for path, shape in shapes.items()
-            if path in self.first and shape[:1] != self.first[path][:1]
+            f"  batch{path}: first batch {before[path]}, this batch {shape}"
+            for path, shape in now.items()
+            if path in before and shape[:1] != before[path][:1]
         ]
         if rows:
             raise ConfigError(MSG_RAGGED.format(step=step, rows="\n".join(rows)))
+
+
+def _by_path(treedef: Any, shapes: list) -> dict[str, tuple[int, ...]]:
+    """``{keystr(path): shape}`` of the array leaves of a batch's ``treedef``."""
+    indexed = jax.tree.unflatten(treedef, list(range(len(shapes))))
+    return {jax.tree_util.keystr(path): shapes[i]
+            for path, i in jax.tree_util.tree_leaves_with_path(indexed)
+            if shapes[i] is not None}
 
 
 # ---- messages between the threads ---------------------------------------------------------------
@@ -193,7 +248,8 @@ class WorkerPosition:
 
 @dataclasses.dataclass
 class _HostBatch:
-    batch: Any
+    leaves: list  # the batch's flat leaves, torch tensors as numpy arrays
+    treedef: Any
     position: WorkerPosition
     torch_dtypes: list  # per leaf: the torch dtype it came in with, or None
 
@@ -275,15 +331,14 @@ class _Worker:
                     if self.stream.stop.is_set():
                         return
                     continue
-                dtypes = torch_dtypes(batch)
-                host = to_host(batch)
+                host, treedef, dtypes = _flatten_to_host(batch)
                 batches += 1
-                samples += batch_rows(host)
+                samples += _leading_rows(host)
                 pos = WorkerPosition(epoch, position, batches, samples)
                 if restartable:
                     with worker_state(self._checkpoint(pos)):
                         pos.user_state = copy.deepcopy(source.state_dict())
-                yield _HostBatch(host, pos, dtypes)
+                yield _HostBatch(host, treedef, pos, dtypes)
             if seen == 0 and not (restored and first_pass):
                 raise ConfigError(MSG_EMPTY.format(rank=self.info.rank))
             if iter(source) is source:
@@ -368,12 +423,14 @@ class Stream:
             if item is None or isinstance(item, _Failure):
                 return item
             parts.append((worker.info.rank, item))
-        batches = [item.batch for _, item in parts]
-        batch = batches[0] if len(batches) == 1 else _concat(batches)
-        self._check(batch, step)
-        placed = place(batch, self.placement)
-        mark_torch_leaves(placed, parts[0][1].torch_dtypes)
-        return _Placed(placed,
+        first = parts[0][1]
+        leaves = first.leaves if len(parts) == 1 else _concat_leaves([p for _, p in parts])
+        self._check(leaves, first.treedef, step)
+        placed = _place_leaves(leaves, self.placement)
+        for x, dtype in zip(placed, first.torch_dtypes):
+            if dtype is not None and isinstance(x, jax.Array):
+                mark_torch_origin(x, dtype)
+        return _Placed(jax.tree.unflatten(first.treedef, placed),
                        [(rank, item.position) for rank, item in parts])
 
     def _feed(self) -> None:
