@@ -176,6 +176,14 @@ class DataLoader:
     ``input_fn`` or in the iteration reaches the step that would have received the
     batch, with the worker's traceback.
 
+    Torch loaders with workers. A torch DataLoader with ``num_workers > 0`` and no
+    ``multiprocessing_context`` of its own gets ``"forkserver"`` (``"spawn"`` where
+    there is none): forking a process that runs JAX's threads can deadlock a worker.
+    Its dataset, ``collate_fn`` and ``worker_init_fn`` then travel to the workers by
+    pickle, so define them at module level and keep the script's training code under
+    ``if __name__ == "__main__":``; one that cannot be pickled raises a ``ConfigError``
+    naming these fixes before any worker starts (see ``_torch_workers``).
+
     Resuming. :meth:`state_dict` records the batches the steps consumed from every
     worker; :meth:`load_state_dict` makes the next pass skip them, so a resumed run
     sees exactly the batches the uninterrupted run saw next, provided ``input_fn`` is

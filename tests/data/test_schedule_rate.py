@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cerebrax as cstorch
@@ -35,6 +35,7 @@ def schedules(draw):
     return Schedule(ranges)
 
 
+@settings(max_examples=60)
 @given(schedules())
 def test_a_schedule_iterates_exactly_the_steps_it_matches(schedule):
     expected = [
