@@ -263,6 +263,11 @@ class DataLoader:
         return self.source
 
     @property
+    def batch_size(self) -> int | None:
+        """The batch size (rows) of the last batch streamed; None before the first."""
+        return None if self._stream is None else self._stream.last_rows
+
+    @property
     def is_restartable(self) -> bool:
         """Whether :attr:`dataloader` saves and restores its own position
         (:class:`RestartableDataLoader`: ``state_dict()`` and ``load_state_dict()``)."""

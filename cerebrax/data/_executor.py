@@ -13,7 +13,6 @@ from ._dataloader import DataLoader
 from ._profiler import Profiler
 from ._progress import ProgressBar
 from ._schedule import Schedule
-from ._workers import batch_rows
 
 __all__ = ["DataExecutor", "batch_placement", "current_executor", "current_executor_or_none"]
 
@@ -190,7 +189,7 @@ class DataExecutor:
                         self._between_steps(step)
                     self.iteration = step
                     batch = self._next_batch(batches, backend)
-                    self._samples = batch_rows(batch)
+                    self._samples = self.dataloader.batch_size or 0
                     yield batch
                 finished = True
             finally:

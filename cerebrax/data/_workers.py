@@ -47,8 +47,7 @@ from ._streamers import (
     worker_state,
 )
 
-__all__ = ["Stream", "WorkerPosition", "batch_rows", "mark_torch_leaves", "place", "to_host",
-           "torch_dtypes"]
+__all__ = ["Stream", "WorkerPosition", "mark_torch_leaves", "place", "to_host", "torch_dtypes"]
 
 _POLL_S = 0.05  # how often a blocked put or get looks at the stop event
 _JOIN_S = 2.0  # how long close() waits for the threads, in all
@@ -105,7 +104,8 @@ def place(batch: Any, placement: Any) -> Any:
 
 def _place_leaves(leaves: list, placement: Any) -> list:
     """:func:`place` on a flat list of leaves (the same list if nothing moves)."""
-    where = [i for i, x in enumerate(leaves) if is_array(x) and not _on(x, placement)]
+    where = [i for i, x in enumerate(leaves)
+             if isinstance(x, np.ndarray) or (is_array(x) and not _on(x, placement))]
     if not where:
         return leaves  # already where it belongs: batches pre-placed by the user
     values = [leaves[i] for i in where]
@@ -134,14 +134,10 @@ def _on(x: Any, placement: Any) -> bool:
     return x.sharding == placement
 
 
-def batch_rows(batch: Any) -> int:
-    """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
-    return _leading_rows(jax.tree.leaves(batch))
-
-
 def _leading_rows(leaves: list) -> int:
+    """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
     for x in leaves:
-        if is_array(x):
+        if isinstance(x, np.ndarray) or is_array(x):
             shape = np.shape(x)
             return int(shape[0]) if shape else 1
     return 1
@@ -192,13 +188,13 @@ class _BatchSizeCheck:
         self.first: tuple[Any, list] | None = None  # treedef, shapes of the leaves
 
     def __call__(self, leaves: list, treedef: Any, step: int) -> None:
-        shapes = [np.shape(x) if is_array(x) else None for x in leaves]
+        shapes = [x.shape if isinstance(x, np.ndarray) or is_array(x) else None
+                  for x in leaves]
         if self.first is None:
             self.first = (treedef, shapes)
             return
         first_treedef, first_shapes = self.first
-        if treedef == first_treedef and all(
-                a is None or b is None or a[:1] == b[:1] for a, b in zip(shapes, first_shapes)):
+        if treedef == first_treedef and _same_rows(shapes, first_shapes):
             return
         before, now = _by_path(*self.first), _by_path(treedef, shapes)
         rows = [
@@ -208,6 +204,14 @@ class _BatchSizeCheck:
         ]
         if rows:
             raise ConfigError(MSG_RAGGED.format(step=step, rows="\n".join(rows)))
+
+
+def _same_rows(shapes: list, first: list) -> bool:
+    """Whether every leaf that is an array in both batches has the same dim 0."""
+    for a, b in zip(shapes, first):
+        if a is not None and b is not None and a[:1] != b[:1]:
+            return False
+    return True
 
 
 def _by_path(treedef: Any, shapes: list) -> dict[str, tuple[int, ...]]:
@@ -258,6 +262,7 @@ class _HostBatch:
 class _Placed:
     batch: Any
     parts: list[tuple[int, WorkerPosition]]  # (worker rank, its position after this batch)
+    rows: int  # the global batch size
 
 
 def _set_epoch(source: Any, epoch: int) -> None:
@@ -324,10 +329,11 @@ class _Worker:
         while not self.stream.stop.is_set():
             _set_epoch(source, epoch)
             seen = 0
+            replaying = (epoch, 0) < target
             for batch in safe_iter(source):
                 seen += 1
                 position += 1
-                if (epoch, position) <= target:  # consumed before the resume: replay
+                if replaying and (epoch, position) <= target:  # consumed before: replay
                     if self.stream.stop.is_set():
                         return
                     continue
@@ -372,6 +378,7 @@ class Stream:
         self.background = background
         self.stop = threading.Event()
         self.steps = steps
+        self.last_rows: int | None = None  # the batch size of the last batch handed out
         self.positions = positions or [WorkerPosition() for _ in infos]
         self.workers = [
             _Worker(self, info, make_source, pos) for info, pos in zip(infos, self.positions)
@@ -431,7 +438,7 @@ class Stream:
             if dtype is not None and isinstance(x, jax.Array):
                 mark_torch_origin(x, dtype)
         return _Placed(jax.tree.unflatten(first.treedef, placed),
-                       [(rank, item.position) for rank, item in parts])
+                       [(rank, item.position) for rank, item in parts], _leading_rows(leaves))
 
     def _feed(self) -> None:
         step = self.steps
@@ -449,14 +456,19 @@ class Stream:
 
     def _take_inline(self, worker: _Worker) -> _HostBatch:
         """The next batch of ``worker``, read in the calling thread (in its context)."""
-        rank = worker.info.rank
-        with bind(worker.info):
+        info = worker.info
+        producer = self._producers[info.rank]
+        if producer is None:
+            producer = self._producers[info.rank] = worker.produce()
+        if not info.workers:
+            # The only streamer of a run without workers: its context is the thread's
+            # default one, so there is nothing to bind (this runs for every batch).
+            return next(producer)
+        with bind(info):
             try:
-                if self._producers[rank] is None:
-                    self._producers[rank] = worker.produce()
-                return next(self._producers[rank])
+                return next(producer)
             except BaseException as error:
-                if worker.info.num_streamers > 1:
+                if info.num_streamers > 1:
                     error.add_note(f"[cerebrax] raised in {worker.where} of the DataLoader "
                                    "while it ran input_fn or iterated its data.")
                 raise
@@ -487,6 +499,7 @@ class Stream:
         for rank, pos in item.parts:
             self.positions[rank] = pos
         self.steps += 1
+        self.last_rows = item.rows
         return item.batch
 
     def close(self) -> None:

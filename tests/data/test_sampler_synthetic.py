@@ -171,3 +171,10 @@ def test_dataloader_attribute_is_the_input_fn_iterable_built_once():
     assert loader.is_restartable and calls == [1]
     plain = DataLoader(lambda: [np.zeros(1)], num_steps=1)
     assert len(plain.dataloader) == 1 and not plain.is_restartable
+
+
+def test_batch_size_is_that_of_the_last_batch_streamed():
+    loader = DataLoader(lambda: [np.zeros((3, 2)), np.zeros((3, 5))], num_steps=2)
+    assert loader.batch_size is None
+    assert [b.shape for b in loader] == [(3, 2), (3, 5)]
+    assert loader.batch_size == 3
