@@ -176,6 +176,14 @@ class DataLoader:
     ``input_fn`` or in the iteration reaches the step that would have received the
     batch, with the worker's traceback.
 
+    Torch loaders with workers. A torch DataLoader with ``num_workers > 0`` and no
+    ``multiprocessing_context`` of its own gets ``"forkserver"`` (``"spawn"`` where
+    there is none): forking a process that runs JAX's threads can deadlock a worker.
+    Its dataset, ``collate_fn`` and ``worker_init_fn`` then travel to the workers by
+    pickle, so define them at module level and keep the script's training code under
+    ``if __name__ == "__main__":``; one that cannot be pickled raises a ``ConfigError``
+    naming these fixes before any worker starts (see ``_torch_workers``).
+
     Resuming. :meth:`state_dict` records the batches the steps consumed from every
     worker; :meth:`load_state_dict` makes the next pass skip them, so a resumed run
     sees exactly the batches the uninterrupted run saw next, provided ``input_fn`` is
@@ -244,6 +252,26 @@ class DataLoader:
                 with _streamers.bind(_streamers.user_node_info()):
                     self._source = self._call_input_fn()
             return self._source
+
+    @property
+    def dataloader(self) -> Any:
+        """The iterable ``input_fn`` built (a torch DataLoader, a list, ...).
+
+        The same object as :attr:`source`: built once, on first use, in the user node's
+        context. As in cstorch, this is an attribute, not a method.
+        """
+        return self.source
+
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size (rows) of the last batch streamed; None before the first."""
+        return None if self._stream is None else self._stream.last_rows
+
+    @property
+    def is_restartable(self) -> bool:
+        """Whether :attr:`dataloader` saves and restores its own position
+        (:class:`RestartableDataLoader`: ``state_dict()`` and ``load_state_dict()``)."""
+        return isinstance(self.source, _streamers.RestartableDataLoader)
 
     def source_length(self) -> int | None:
         """The number of batches of the user node's iterable, None when it has no length."""

@@ -10,7 +10,9 @@ from ..backend import current_backend, run_config
 from .._filters import check_int
 from ..errors import ConfigError, StateError
 from ._dataloader import DataLoader
+from ._profiler import Profiler
 from ._progress import ProgressBar
+from ._schedule import Schedule
 
 __all__ = ["DataExecutor", "batch_placement", "current_executor", "current_executor_or_none"]
 
@@ -58,7 +60,8 @@ class DataExecutor:
         and validate-only runs).
       checkpoint_steps: ``k`` makes the 0-based steps ``k-1, 2k-1, ...`` and the final
         step checkpoint steps; None takes ``cstorch.configure``'s value; 0 means only
-        the final step.
+        the final step. A :class:`Schedule` names the 0-based checkpoint steps as
+        ranges (the final step is always one too).
       activation_steps: step closures run on steps ``s`` with ``(s + 1) % a == 0`` and
         on the final step.
       writer: where ``cstorch.summarize_scalar`` / ``summarize_tensor`` write, on
@@ -66,9 +69,18 @@ class DataExecutor:
         :mod:`cerebrax.summaries`): a ``cstorch.utils.tensorboard.SummaryWriter`` or any
         object with ``add_scalar(tag, value, step)`` (and ``add_tensor`` for tensors).
         None drops summaries. The writer is flushed when the loop ends.
+      profiler_activities: cstorch's host activities to profile on an appliance;
+        cerebrax records them (``executor.profiler.activities``) and measures only the
+        rates below.
       progress_bar: True draws a live bar, False nothing; None (the default) draws a live
         bar on stderr when stderr and stdout are a terminal, and otherwise prints one
         summary line to stderr at the end.
+
+    Throughput. ``executor.profiler.rate_tracker.rate`` is the samples (batch rows)
+    per second over the last few steps and ``.global_rate`` the samples per second
+    since the first step was compiled and dispatched (see :mod:`._profiler`); a step
+    closure of step ``s`` sees the samples of steps ``0..s``. After the loop they hold
+    the final values.
     """
 
     def __init__(
@@ -78,6 +90,7 @@ class DataExecutor:
         checkpoint_steps: int | None = None,
         activation_steps: int = 1,
         writer: Any = None,
+        profiler_activities: Any = None,
         *,
         progress_bar: bool | None = None,
     ):
@@ -97,7 +110,9 @@ class DataExecutor:
         self.num_steps = _check_int("num_steps", num_steps, 1)
         if checkpoint_steps is None:
             checkpoint_steps = run_config().checkpoint_steps
-        self.checkpoint_steps = _check_int("checkpoint_steps", checkpoint_steps, 0)
+        if not isinstance(checkpoint_steps, Schedule):
+            checkpoint_steps = _check_int("checkpoint_steps", checkpoint_steps, 0)
+        self.checkpoint_steps: int | Schedule = checkpoint_steps
         self.activation_steps = _check_int("activation_steps", activation_steps, 1)
         if writer is not None and not callable(getattr(writer, "add_scalar", None)):
             raise ConfigError(
@@ -109,6 +124,8 @@ class DataExecutor:
         self._progress_bar = progress_bar
         self.iteration = 0
         self.progress: ProgressBar | None = None
+        self.profiler = Profiler(profiler_activities)
+        self._samples: int = 0  # rows of the batch handed to the running step
 
     # ---- step classification -----------------------------------------------------------
     @property
@@ -129,6 +146,8 @@ class DataExecutor:
         if step == self.num_steps - 1:
             return True
         k = self.checkpoint_steps
+        if isinstance(k, Schedule):
+            return k.match(step)
         return k > 0 and (step + 1) % k == 0
 
     def is_activation_step(self, step: int | None = None) -> bool:
@@ -161,6 +180,7 @@ class DataExecutor:
         show = self._progress_bar
         self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
         finished = False
+        self.profiler.start()
         with _closures.executor_scope(self):
             batches = self.dataloader.batches(device)
             try:
@@ -168,7 +188,9 @@ class DataExecutor:
                     if step > 0:
                         self._between_steps(step)
                     self.iteration = step
-                    yield self._next_batch(batches, backend)
+                    batch = self._next_batch(batches, backend)
+                    self._samples = self.dataloader.batch_size or 0
+                    yield batch
                 finished = True
             finally:
                 batches.close()  # stops the streaming threads now, not at garbage collection
@@ -179,7 +201,11 @@ class DataExecutor:
         if _closures.current_executor() is not self:
             return  # a newer loop took over: this one's closures were dropped
         try:
+            if finished:
+                _closures.drain(self.num_steps - 2)
+                self.profiler.step_done(self._samples)
             _closures.drain()
+            self.profiler.finish()
             if callable(getattr(self.writer, "flush", None)):
                 self.writer.flush()
         finally:
@@ -206,10 +232,12 @@ class DataExecutor:
 
     def _between_steps(self, step: int) -> None:
         previous = step - 1
+        if step == 1:
+            self.profiler.start()  # step 0 is compiled and dispatched: the clock starts
+        # Run closures up to step - 2: step - 1 is still computing, keep it busy.
+        _closures.drain(step - 2)
+        self.profiler.step_done(self._samples)  # step - 1 is counted after their closures
         if self.is_checkpoint_step(previous):
             _closures.drain()
-        else:
-            # Run closures up to step - 2: step - 1 is still computing, keep it busy.
-            _closures.drain(step - 2)
         if self.progress is not None:
             self.progress.update(step)

@@ -38,6 +38,7 @@ from .._interop import mark_torch_origin, to_numpy
 from .._placement import put_many
 from .._runtime import RUNTIME
 from ..errors import ConfigError, StateError
+from ._torch_workers import safe_iter
 from ._streamers import (
     DataLoaderCheckpoint,
     RestartableDataLoader,
@@ -97,13 +98,28 @@ def place(batch: Any, placement: Any) -> Any:
     of the global batch, and no collective runs (placement may run in a data thread).
     """
     leaves, treedef = jax.tree.flatten(batch)
-    where = [i for i, x in enumerate(leaves) if is_array(x) and not _on(x, placement)]
+    placed = _place_leaves(leaves, placement)
+    return batch if placed is leaves else jax.tree.unflatten(treedef, placed)
+
+
+def _place_leaves(leaves: list, placement: Any) -> list:
+    """:func:`place` on a flat list of leaves (the same list if nothing moves)."""
+    where = [i for i, x in enumerate(leaves)
+             if isinstance(x, np.ndarray) or (is_array(x) and not _on(x, placement))]
     if not where:
-        return batch  # already where it belongs: batches pre-placed by the user
-    placed = put_many([leaves[i] for i in where], placement)
-    for i, x in zip(where, placed):
-        leaves[i] = x
-    return jax.tree.unflatten(treedef, leaves)
+        return leaves  # already where it belongs: batches pre-placed by the user
+    values = [leaves[i] for i in where]
+    if placement is None or isinstance(placement, jax.Device) or (
+            isinstance(placement, jax.sharding.Sharding) and placement.is_fully_addressable):
+        # One placement for every leaf, in this process: a single call with a single
+        # placement (a list of per-leaf placements takes JAX's slower path).
+        moved = jax.device_put(values, placement)
+    else:
+        moved = put_many(values, placement)
+    placed = list(leaves)
+    for i, x in zip(where, moved):
+        placed[i] = x
+    return placed
 
 
 def _on(x: Any, placement: Any) -> bool:
@@ -118,47 +134,92 @@ def _on(x: Any, placement: Any) -> bool:
     return x.sharding == placement
 
 
-def _rows(batch: Any) -> int:
+def _leading_rows(leaves: list) -> int:
     """The batch size: dim 0 of the first array leaf (1 for a 0-d or array-less batch)."""
-    for x in jax.tree.leaves(batch):
-        if is_array(x):
-            return int(np.shape(x)[0]) if np.ndim(x) else 1
+    for x in leaves:
+        if isinstance(x, np.ndarray) or is_array(x):
+            shape = np.shape(x)
+            return int(shape[0]) if shape else 1
     return 1
 
 
-def _concat(parts: list[Any]) -> Any:
-    """The systems' batches joined along the batch dimension (the global batch)."""
+def _flatten_to_host(batch: Any) -> tuple[list, Any, list]:
+    """``batch`` as flat leaves with torch tensors as numpy, its treedef, and the torch
+    dtype of every leaf (None for the others): one pass over the tree."""
+    leaves, treedef = jax.tree.flatten(batch)  # torch tensors are leaves
+    dtypes = [x.dtype if is_torch_tensor(x) else None for x in leaves]
+    host = [x if d is None else _host_array(x) for x, d in zip(leaves, dtypes)]
+    return host, treedef, dtypes
 
-    def join(*leaves: Any) -> Any:
+
+def _host_array(tensor: Any) -> np.ndarray:
+    try:
+        return tensor.numpy()  # the usual CPU tensor: a view, at once
+    except (RuntimeError, TypeError):  # bfloat16, requires_grad, conj/neg bits, on a GPU
+        return to_numpy(tensor)
+
+
+def _concat_leaves(parts: list[_HostBatch]) -> list:
+    """The systems' batches joined along the batch dimension (the global batch)."""
+    treedef = parts[0].treedef
+    if any(p.treedef != treedef for p in parts[1:]):
+        raise ConfigError(
+            "The streaming workers' batches differ in structure "
+            f"({[str(p.treedef) for p in parts]}); every worker's input_fn must return "
+            "batches of the same nested structure."
+        )
+
+    def join(leaves: tuple) -> Any:
         if is_array(leaves[0]) and np.ndim(leaves[0]) >= 1:
             return np.concatenate([np.asarray(x) for x in leaves])
         return leaves[0]
 
-    return jax.tree.map(join, *parts)
+    return [join(leaves) for leaves in zip(*(p.leaves for p in parts))]
 
 
 class _BatchSizeCheck:
-    """Raises when a batch's dim 0 differs, on some leaf, from the first batch's."""
+    """Raises when a batch's dim 0 differs, on some leaf, from the first batch's.
+
+    The usual case (same structure, same leading dimensions) compares two short lists;
+    leaf paths are only spelled out to report a difference.
+    """
 
     def __init__(self) -> None:
-        self.first: dict[str, tuple[int, ...]] | None = None
+        self.first: tuple[Any, list] | None = None  # treedef, shapes of the leaves
 
-    def __call__(self, batch: Any, step: int) -> None:
-        shapes = {
-            jax.tree_util.keystr(path): np.shape(x)
-            for path, x in jax.tree_util.tree_leaves_with_path(batch)
-            if is_array(x)
-        }
+    def __call__(self, leaves: list, treedef: Any, step: int) -> None:
+        shapes = [x.shape if isinstance(x, np.ndarray) or is_array(x) else None
+                  for x in leaves]
         if self.first is None:
-            self.first = shapes
+            self.first = (treedef, shapes)
             return
+        first_treedef, first_shapes = self.first
+        if treedef == first_treedef and _same_rows(shapes, first_shapes):
+            return
+        before, now = _by_path(*self.first), _by_path(treedef, shapes)
         rows = [
-            f"  batch{path}: first batch {self.first[path]}, this batch {shape}"
-            for path, shape in shapes.items()
-            if path in self.first and shape[:1] != self.first[path][:1]
+            f"  batch{path}: first batch {before[path]}, this batch {shape}"
+            for path, shape in now.items()
+            if path in before and shape[:1] != before[path][:1]
         ]
         if rows:
             raise ConfigError(MSG_RAGGED.format(step=step, rows="\n".join(rows)))
+
+
+def _same_rows(shapes: list, first: list) -> bool:
+    """Whether every leaf that is an array in both batches has the same dim 0."""
+    for a, b in zip(shapes, first):
+        if a is not None and b is not None and a[:1] != b[:1]:
+            return False
+    return True
+
+
+def _by_path(treedef: Any, shapes: list) -> dict[str, tuple[int, ...]]:
+    """``{keystr(path): shape}`` of the array leaves of a batch's ``treedef``."""
+    indexed = jax.tree.unflatten(treedef, list(range(len(shapes))))
+    return {jax.tree_util.keystr(path): shapes[i]
+            for path, i in jax.tree_util.tree_leaves_with_path(indexed)
+            if shapes[i] is not None}
 
 
 # ---- messages between the threads ---------------------------------------------------------------
@@ -191,7 +252,8 @@ class WorkerPosition:
 
 @dataclasses.dataclass
 class _HostBatch:
-    batch: Any
+    leaves: list  # the batch's flat leaves, torch tensors as numpy arrays
+    treedef: Any
     position: WorkerPosition
     torch_dtypes: list  # per leaf: the torch dtype it came in with, or None
 
@@ -200,11 +262,13 @@ class _HostBatch:
 class _Placed:
     batch: Any
     parts: list[tuple[int, WorkerPosition]]  # (worker rank, its position after this batch)
+    rows: int  # the global batch size
 
 
 def _set_epoch(source: Any, epoch: int) -> None:
     """Tells epoch-aware samplers and datasets (``set_epoch``) which epoch starts."""
-    for obj in (source, getattr(source, "sampler", None), getattr(source, "dataset", None)):
+    for obj in (source, getattr(source, "sampler", None), getattr(source, "batch_sampler", None),
+                getattr(source, "dataset", None)):
         set_epoch = getattr(obj, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -265,22 +329,22 @@ class _Worker:
         while not self.stream.stop.is_set():
             _set_epoch(source, epoch)
             seen = 0
-            for batch in source:
+            replaying = (epoch, 0) < target
+            for batch in safe_iter(source):
                 seen += 1
                 position += 1
-                if (epoch, position) <= target:  # consumed before the resume: replay
+                if replaying and (epoch, position) <= target:  # consumed before: replay
                     if self.stream.stop.is_set():
                         return
                     continue
-                dtypes = torch_dtypes(batch)
-                host = to_host(batch)
+                host, treedef, dtypes = _flatten_to_host(batch)
                 batches += 1
-                samples += _rows(host)
+                samples += _leading_rows(host)
                 pos = WorkerPosition(epoch, position, batches, samples)
                 if restartable:
                     with worker_state(self._checkpoint(pos)):
                         pos.user_state = copy.deepcopy(source.state_dict())
-                yield _HostBatch(host, pos, dtypes)
+                yield _HostBatch(host, treedef, pos, dtypes)
             if seen == 0 and not (restored and first_pass):
                 raise ConfigError(MSG_EMPTY.format(rank=self.info.rank))
             if iter(source) is source:
@@ -314,6 +378,7 @@ class Stream:
         self.background = background
         self.stop = threading.Event()
         self.steps = steps
+        self.last_rows: int | None = None  # the batch size of the last batch handed out
         self.positions = positions or [WorkerPosition() for _ in infos]
         self.workers = [
             _Worker(self, info, make_source, pos) for info, pos in zip(infos, self.positions)
@@ -365,13 +430,15 @@ class Stream:
             if item is None or isinstance(item, _Failure):
                 return item
             parts.append((worker.info.rank, item))
-        batches = [item.batch for _, item in parts]
-        batch = batches[0] if len(batches) == 1 else _concat(batches)
-        self._check(batch, step)
-        placed = place(batch, self.placement)
-        mark_torch_leaves(placed, parts[0][1].torch_dtypes)
-        return _Placed(placed,
-                       [(rank, item.position) for rank, item in parts])
+        first = parts[0][1]
+        leaves = first.leaves if len(parts) == 1 else _concat_leaves([p for _, p in parts])
+        self._check(leaves, first.treedef, step)
+        placed = _place_leaves(leaves, self.placement)
+        for x, dtype in zip(placed, first.torch_dtypes):
+            if dtype is not None and isinstance(x, jax.Array):
+                mark_torch_origin(x, dtype)
+        return _Placed(jax.tree.unflatten(first.treedef, placed),
+                       [(rank, item.position) for rank, item in parts], _leading_rows(leaves))
 
     def _feed(self) -> None:
         step = self.steps
@@ -389,14 +456,19 @@ class Stream:
 
     def _take_inline(self, worker: _Worker) -> _HostBatch:
         """The next batch of ``worker``, read in the calling thread (in its context)."""
-        rank = worker.info.rank
-        with bind(worker.info):
+        info = worker.info
+        producer = self._producers[info.rank]
+        if producer is None:
+            producer = self._producers[info.rank] = worker.produce()
+        if not info.workers:
+            # The only streamer of a run without workers: its context is the thread's
+            # default one, so there is nothing to bind (this runs for every batch).
+            return next(producer)
+        with bind(info):
             try:
-                if self._producers[rank] is None:
-                    self._producers[rank] = worker.produce()
-                return next(self._producers[rank])
+                return next(producer)
             except BaseException as error:
-                if worker.info.num_streamers > 1:
+                if info.num_streamers > 1:
                     error.add_note(f"[cerebrax] raised in {worker.where} of the DataLoader "
                                    "while it ran input_fn or iterated its data.")
                 raise
@@ -427,6 +499,7 @@ class Stream:
         for rank, pos in item.parts:
             self.positions[rank] = pos
         self.steps += 1
+        self.last_rows = item.rows
         return item.batch
 
     def close(self) -> None:

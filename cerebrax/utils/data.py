@@ -1,7 +1,19 @@
-"""``cstorch.utils.data``: DataLoader, DataExecutor and the restartable-loader protocol."""
+"""``cstorch.utils.data``: DataLoader, DataExecutor, samplers, synthetic data and the
+restartable-loader protocol."""
 
 from ..data import DataExecutor as DataExecutor
 from ..data import DataLoader as DataLoader
 from ..data import DataLoaderCheckpoint as DataLoaderCheckpoint
+from ..data import DistributedSampler as DistributedSampler
 from ..data import RestartableDataLoader as RestartableDataLoader
+from ..data import Schedule as Schedule
 from ..data import compute_num_steps as compute_num_steps
+
+
+def __getattr__(name: str):
+    # SyntheticDataset is a torch IterableDataset: it loads torch on first use.
+    if name == "SyntheticDataset":
+        from ..data import SyntheticDataset
+
+        return SyntheticDataset
+    raise AttributeError(f"module 'cerebrax.utils.data' has no attribute {name!r}")

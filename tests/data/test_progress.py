@@ -119,6 +119,7 @@ def test_a_terminal_of_unknown_size_still_shows_the_bar():
     """A pseudo-terminal nobody sized (0 x 0, as under `script` or some CI runners):
     tqdm alone would draw nothing there."""
     import os
+    import select
 
     master, slave = os.openpty()
     try:
@@ -127,8 +128,11 @@ def test_a_terminal_of_unknown_size_still_shows_the_bar():
             bar = ProgressBar(4, live=True, stream=stream)
             bar.update(4)
             bar.close()
-        os.set_blocking(master, False)
-        shown = os.read(master, 65536).decode()
+        # The terminal hands the output over in pieces: read until the bar's text is
+        # there or nothing more comes for a second.
+        shown = ""
+        while "step 4/4" not in shown and select.select([master], [], [], 1.0)[0]:
+            shown += os.read(master, 65536).decode()
     finally:
         os.close(master)
         os.close(slave)

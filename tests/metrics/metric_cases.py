@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable
 
 import numpy as np
+from sklearn.metrics import roc_auc_score
 
 import cerebrax as cstorch
 
@@ -91,6 +92,20 @@ def ref_mean_per_class_accuracy(labels, predictions, weights=None):
     return np.mean(per_class)
 
 
+def ref_roc_auc(labels, predictions, weights=None):
+    w = None if weights is None else weights.ravel()
+    return roc_auc_score(labels.ravel(), predictions.ravel(), sample_weight=w)
+
+
+def ref_at_k(labels, predictions, *, k, recall):
+    """precision@k (or recall@k) with the top k of each row found by sorting."""
+    labels = labels[..., None] if labels.ndim == predictions.ndim - 1 else labels
+    top = np.argsort(-predictions, axis=-1, kind="stable")[..., :k].reshape(-1, k)
+    rows = labels.reshape(-1, labels.shape[-1]).astype(np.int64)
+    hits = sum(len(set(t.tolist()) & set(r.tolist())) for t, r in zip(top, rows))
+    return hits / (len(rows) * (rows.shape[1] if recall else k))
+
+
 # ---- random batches ---------------------------------------------------------------------
 
 
@@ -125,6 +140,27 @@ def row_weighted_values(rng):  # one weight per row, broadcast over the columns
 def token_losses(rng):
     labels = rng.integers(0, 100, (4, 16)).astype(np.int32)
     return {"labels": labels, "loss": rng.uniform(0.0, 3.0, (4, 16)).astype(np.float32)}
+
+
+# Predictions on a grid of 20 values with thresholds between them: the binned ROC curve
+# is the empirical one, ties included, so the AUC equals sklearn's.
+GRID_THRESHOLDS = np.arange(1, 20) / 20
+
+
+def scored_labels(rng):
+    labels = rng.integers(0, 2, (8, 12)).astype(np.int32)
+    grid = np.clip(rng.integers(0, 20, labels.shape) + 6 * labels - 3, 0, 19)
+    return {"labels": labels, "predictions": ((grid + 0.5) / 20).astype(np.float32)}
+
+
+def weighted_scored_labels(rng):
+    return {**scored_labels(rng), "weights": rng.uniform(0.2, 2.0, (8, 12)).astype(np.float32)}
+
+
+def ranked_classes(rng):
+    predictions = rng.normal(size=(8, NUM_CLASSES)).astype(np.float32)
+    labels = np.stack([rng.permutation(NUM_CLASSES)[:2] for _ in range(8)]).astype(np.int32)
+    return {"labels": labels, "predictions": predictions}
 
 
 def masked_token_losses(rng):
@@ -225,6 +261,30 @@ CASES = [
         lambda: cstorch.metrics.MeanPerClassAccuracyMetric(NUM_CLASSES),
         weighted_classes,
         ref_mean_per_class_accuracy,
+    ),
+    Case(
+        "auc_roc",
+        lambda: cstorch.metrics.AUCMetric(thresholds=GRID_THRESHOLDS),
+        scored_labels,
+        ref_roc_auc,
+    ),
+    Case(
+        "auc_roc_weighted",
+        lambda: cstorch.metrics.AUCMetric(thresholds=GRID_THRESHOLDS),
+        weighted_scored_labels,
+        ref_roc_auc,
+    ),
+    Case(
+        "precision_at_2",
+        lambda: cstorch.metrics.PrecisionAtKMetric(2),
+        ranked_classes,
+        lambda **b: ref_at_k(**b, k=2, recall=False),
+    ),
+    Case(
+        "recall_at_3",
+        lambda: cstorch.metrics.RecallAtKMetric(3),
+        ranked_classes,
+        lambda **b: ref_at_k(**b, k=3, recall=True),
     ),
 ]
 

@@ -1,0 +1,129 @@
+"""Worker processes of torch DataLoaders, started safely beside JAX's threads.
+
+A torch ``DataLoader`` with ``num_workers > 0`` starts its worker processes with the
+platform's default start method, ``fork`` on Linux. Forking a process that runs JAX
+copies it mid-flight: JAX's runtime threads do not exist in the child, and a lock one
+of them held stays locked there forever, so a worker can deadlock (JAX warns on every
+``os.fork()``: "JAX is multithreaded, so this will likely lead to a deadlock").
+
+When such a loader reaches cerebrax (returned by a DataLoader's ``input_fn``, or timed
+by ``benchmark_dataloader``) and its user chose no ``multiprocessing_context``,
+cerebrax chooses ``forkserver`` (``spawn`` where there is none): the workers are then
+forked from a clean server process that never ran JAX, or started fresh. Both send the
+dataset, ``collate_fn`` and ``worker_init_fn`` to the workers by pickling, so those must
+be importable objects (defined at module level); a failure names the fix. A start
+method the user set is kept as it is.
+
+Start-up cost. Each worker of a spawned or forkserver loader imports the script's main
+module and unpickles the dataset. The first time cerebrax chooses ``forkserver`` it asks
+the server to import torch before it forks any worker
+(``set_forkserver_preload(["__main__", "torch"])``; torch is imported by every worker
+anyway), so workers start in a fraction of a second instead of importing torch each.
+Loaders that restart their workers every epoch can keep them with
+``persistent_workers=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import pickle
+import weakref
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+
+from .._filters import is_torch_tensor
+from ..errors import ConfigError
+
+__all__ = ["SAFE_START_METHOD", "is_torch_dataloader", "safe_iter", "use_safe_start_method"]
+
+SAFE_START_METHOD = (
+    "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+)
+
+# The loaders whose start method cerebrax chose, and those of them checked to pickle.
+_CHOSEN: weakref.WeakSet = weakref.WeakSet()
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
+_PRELOAD = ["__main__", "torch"]  # what the forkserver imports before it forks workers
+_preloaded = False
+
+MSG_PICKLE = """\
+The torch DataLoader uses num_workers={workers}. Beside JAX, cerebrax starts its worker
+processes with multiprocessing_context={method!r} (a forked copy of a process running
+JAX's threads can deadlock), and that start method sends the dataset, collate_fn and
+worker_init_fn to each worker by pickling them; pickling the {part} failed:
+    {error}
+Fix, one of:
+  - define the dataset class, collate_fn and worker_init_fn at module level of an
+    importable module (not inside a function, not as a lambda), and keep the script's
+    training code under `if __name__ == "__main__":` (the workers import the main module);
+  - load in the main process: num_workers=0;
+  - choose the start method yourself: DataLoader(..., multiprocessing_context="fork")
+    keeps unpicklable objects working, at the risk of a deadlocked worker."""
+
+
+def is_torch_dataloader(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.utils.data.DataLoader`` (checked without importing torch)."""
+    return any(c.__name__ == "DataLoader" and c.__module__ == "torch.utils.data.dataloader"
+               for c in type(obj).__mro__)
+
+
+def use_safe_start_method(loader: Any) -> Any:
+    """Gives a multi-worker torch ``loader`` without a start method :data:`SAFE_START_METHOD`.
+
+    Returns ``loader`` itself; any other object is returned untouched.
+    """
+    global _preloaded
+    if (is_torch_dataloader(loader) and loader.num_workers > 0
+            and loader.multiprocessing_context is None):
+        if SAFE_START_METHOD == "forkserver" and not _preloaded:
+            # Takes effect if the server has not started yet (it starts with the first
+            # forkserver process of this Python process).
+            multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+            _preloaded = True
+        loader.multiprocessing_context = SAFE_START_METHOD
+        _CHOSEN.add(loader)
+    return loader
+
+
+class _Probe(ForkingPickler):
+    """Pickles an object graph the way the workers receive it, skipping array data
+    (tensors and numpy arrays are sent through shared memory, and cost nothing here)."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if is_torch_tensor(obj) or isinstance(obj, np.ndarray):
+            return id(obj)
+        return None
+
+
+def _check_picklable(loader: Any) -> None:
+    """Raises the ConfigError of :data:`MSG_PICKLE` if the workers' share of ``loader``
+    cannot be pickled (checked once per loader, before any worker starts)."""
+    if loader in _CHECKED:
+        return
+    parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
+             "worker_init_fn": loader.worker_init_fn}
+    for part, obj in parts.items():
+        try:
+            _Probe(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(obj)
+        except Exception as error:  # noqa: BLE001 - any failure to pickle stops the workers
+            raise ConfigError(MSG_PICKLE.format(
+                workers=loader.num_workers, method=SAFE_START_METHOD, part=part,
+                error=f"{type(error).__name__}: {error}")) from error
+    _CHECKED.add(loader)
+
+
+def safe_iter(source: Any) -> Iterator[Any]:
+    """``iter(source)``, with a safe start method for a multi-worker torch DataLoader.
+
+    Raises:
+      ConfigError: the workers could not be started because the dataset (or its
+        collate_fn, worker_init_fn) cannot be pickled, with the ways to fix it.
+    """
+    use_safe_start_method(source)
+    if is_torch_dataloader(source) and source in _CHOSEN:
+        _check_picklable(source)
+    return iter(source)

@@ -1,0 +1,169 @@
+"""Schedule (checkpoint steps as ranges) and the executor's rate tracker.
+
+Rates are checked with a fake clock (exact values from the definitions) and, with the
+real clock, against bounds taken around the loop, so no test depends on timing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cerebrax as cstorch
+from cerebrax.data import RateTracker
+
+Schedule = cstorch.utils.data.Schedule
+DataLoader = cstorch.utils.data.DataLoader
+DataExecutor = cstorch.utils.data.DataExecutor
+
+
+# ---- Schedule ------------------------------------------------------------------------
+
+
+@st.composite
+def schedules(draw):
+    """Sorted, non-overlapping random ranges."""
+    ranges, start = [], draw(st.integers(0, 5))
+    for _ in range(draw(st.integers(0, 3))):
+        end = start + draw(st.integers(1, 12))
+        ranges.append(Schedule.Range(start, end, draw(st.integers(1, 5)), draw(st.booleans())))
+        start = end + draw(st.integers(0, 4))
+    return Schedule(ranges)
+
+
+@settings(max_examples=60)
+@given(schedules())
+def test_a_schedule_iterates_exactly_the_steps_it_matches(schedule):
+    expected = [
+        s for s in range(60)
+        if any(r.start <= s < r.end and ((s - r.start) % r.step == 0
+                                         or (r.include_last and s == r.end - 1))
+               for r in schedule.intervals)
+    ]
+    assert list(schedule) == expected
+    assert [s for s in range(60) if schedule.match(s)] == expected
+
+
+@pytest.mark.parametrize("k, n", [(1, 5), (3, 10), (4, 12), (7, 5)])
+def test_an_int_is_the_schedule_of_its_multiples(k, n):
+    loader = DataLoader(lambda: [np.zeros(1)], num_steps=n)
+    by_int = DataExecutor(loader, checkpoint_steps=k, progress_bar=False)
+    schedule = Schedule([Schedule.Range(k - 1, n, k, include_last=True)] if k <= n else [])
+    by_schedule = DataExecutor(loader, checkpoint_steps=schedule, progress_bar=False)
+    steps = [s for s in range(n) if by_int.is_checkpoint_step(s)]
+    assert steps == [s for s in range(n) if by_schedule.is_checkpoint_step(s)]
+    assert steps == sorted({*range(k - 1, n, k), n - 1})
+
+
+def test_checkpoint_closures_run_on_the_schedule_and_the_final_step():
+    saved = []
+
+    @cstorch.checkpoint_closure
+    def save(step):
+        saved.append(step)
+
+    schedule = Schedule([Schedule.Range(0, 4, 2), Schedule.Range(6, 9, 3, include_last=True)])
+    loader = DataLoader(lambda: [np.zeros(1)], num_steps=12)
+    executor = DataExecutor(loader, checkpoint_steps=schedule, progress_bar=False)
+    for _ in executor:
+        save(executor.iteration)
+    assert saved == [0, 2, 6, 8, 11]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Schedule.Range(-1, 3), r"start=...\) must be an integer >= 0"),
+    (lambda: Schedule.Range(3, 3), "larger than start=3"),
+    (lambda: Schedule.Range(0, 3, 0), r"step=...\) must be an integer >= 1"),
+    (lambda: Schedule.Range(0, 3, 1, include_last=1), "True or False"),
+    (lambda: Schedule([Schedule.Range(0, 5), Schedule.Range(4, 8)]), "must not overlap"),
+    (lambda: Schedule([(0, 5, 1)]), "takes Schedule.Range objects"),
+    (lambda: DataExecutor(DataLoader(lambda: [1], num_steps=2), checkpoint_steps=1.5),
+     "checkpoint_steps"),
+])
+def test_schedule_errors(make, match):
+    with pytest.raises(cstorch.ConfigError, match=match):
+        make()
+
+
+# ---- the rate tracker ------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rates_follow_their_definitions_on_a_fake_clock():
+    clock = FakeClock()
+    tracker = RateTracker(smoothing=0.5, clock=clock)
+    counts, seconds = [10, 10, 30, 10], [1.0, 1.0, 1.0, 4.0]
+    avg_c = avg_s = None
+    for count, dt in zip(counts, seconds):
+        clock.now += dt
+        tracker.add(count)
+        # ratio of exponential averages (the first count starts both)
+        avg_c = count if avg_c is None else avg_c + 0.5 * (count - avg_c)
+        avg_s = dt if avg_s is None else avg_s + 0.5 * (dt - avg_s)
+        assert tracker.rate == pytest.approx(avg_c / avg_s)
+    assert tracker.global_rate == pytest.approx(sum(counts) / sum(seconds))
+    tracker.stop()
+    clock.now += 100.0  # a stopped tracker no longer changes
+    assert tracker.global_rate == pytest.approx(sum(counts) / sum(seconds))
+    assert tracker.total_count == 60 and tracker.elapsed_seconds == sum(seconds)
+
+
+def test_executor_counts_samples_per_step_on_a_fake_clock():
+    """Each step's body takes 1 fake second; the clock starts after step 0's body and
+    every step's samples count, so global_rate = n * B / (n - 1) and rate = B / 1 s."""
+    clock, batch, n = FakeClock(), 8, 6
+    seen_in_closures = []
+    loader = DataLoader(lambda: [np.zeros((batch, 2), np.float32)], num_steps=n)
+    executor = DataExecutor(loader, checkpoint_steps=4, progress_bar=False)
+    executor.profiler.rate_tracker.clock = clock
+
+    @cstorch.step_closure
+    def log(step):
+        seen_in_closures.append((step, executor.profiler.rate_tracker.total_count))
+
+    for _ in executor:
+        clock.now += 1.0
+        log(executor.iteration)
+    tracker = executor.profiler.rate_tracker
+    assert tracker.total_count == n * batch
+    assert tracker.global_rate == pytest.approx(n * batch / (n - 1))
+    assert tracker.rate == pytest.approx(batch / 1.0)
+    # A closure of step s (run behind the step, or at once on checkpoint step 3) sees
+    # the samples of steps 0..s.
+    assert seen_in_closures == [(s, (s + 1) * batch) for s in range(n)]
+
+
+def test_executor_global_rate_lies_within_bounds_taken_around_the_loop():
+    batch, n = 4, 5
+    loader = DataLoader(lambda: [np.ones((batch, 3), np.float32)], num_steps=n)
+    executor = DataExecutor(loader, progress_bar=False)
+    marks = {}
+    for x in executor:
+        step = executor.iteration
+        if step == 1:
+            marks["body1_start"] = time.perf_counter()
+        x = (x * 2).block_until_ready()
+        time.sleep(0.002)
+        if step == 0:
+            marks["body0_end"] = time.perf_counter()
+        if step == n - 1:
+            marks["last_body_end"] = time.perf_counter()
+    after = time.perf_counter()
+    rate = executor.profiler.rate_tracker.global_rate
+    total = n * batch
+    # The clock runs from after step 0's body to after the last step, so its span lies
+    # between (last body's end - step 1 body's start) and (after - step 0 body's end).
+    assert total / (after - marks["body0_end"]) <= rate
+    assert rate <= total / (marks["last_body_end"] - marks["body1_start"])
+    assert executor.profiler.perf_metrics["total_samples"] == total
