@@ -13,7 +13,7 @@ else: the first trace must see the whole graph.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jax
@@ -234,6 +234,20 @@ class _StateView(Mapping):
         return len(self._opt._all_params)
 
 
+class HookHandle:
+    """What ``register_zero_grad_*_hook`` returns: ``remove()`` unregisters the hook."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict, hook: Callable):
+        HookHandle._next_id += 1
+        self._hooks, self._id = hooks, HookHandle._next_id
+        hooks[self._id] = hook
+
+    def remove(self) -> None:
+        self._hooks.pop(self._id, None)
+
+
 class Optimizer(abc.ABC):
     """Base class of cerebrax optimizers (cstorch's ``cstorch.optim.Optimizer``).
 
@@ -343,13 +357,56 @@ class Optimizer(abc.ABC):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears gradients. Inside a traced step, after ``backward``, it takes effect
         in program order (a later ``step()`` then sees no gradient); elsewhere gradients
-        do not persist between steps, so there is nothing to clear."""
+        do not persist between steps, so there is nothing to clear. The hooks of
+        :meth:`register_zero_grad_pre_hook` and :meth:`register_zero_grad_post_hook`
+        run around it."""
+        args, kwargs = (), {"set_to_none": set_to_none}
+        for hook in list(self._zero_grad_hooks("pre").values()):
+            changed = hook(self, args, kwargs)
+            if changed is not None:
+                args, kwargs = changed
+        set_to_none = dict(zip(("set_to_none",), args), **kwargs).get("set_to_none", True)
         ctx = _state.active_context()
-        if ctx is None or ctx.grads is None:
-            return
-        for p in self._all_params:
-            if p in ctx.grads:
-                ctx.grads[p] = None if set_to_none else jnp.zeros_like(ctx.grads[p])
+        if ctx is not None and ctx.grads is not None:
+            for p in self._all_params:
+                if p in ctx.grads:
+                    ctx.grads[p] = None if set_to_none else jnp.zeros_like(ctx.grads[p])
+        for hook in list(self._zero_grad_hooks("post").values()):
+            hook(self, args, kwargs)
+
+    def _zero_grad_hooks(self, when: str) -> dict[int, Callable]:
+        return self.__dict__.setdefault(f"_zero_grad_{when}_hooks", {})
+
+    def register_zero_grad_pre_hook(self, hook: Callable) -> HookHandle:
+        """Runs ``hook(optimizer, args, kwargs)`` before every :meth:`zero_grad` call
+        (inside a traced step: when the step is traced, as all Python in it); it may
+        return new ``(args, kwargs)`` for it (torch's step-hook convention). Returns a
+        handle whose ``remove()`` unregisters the hook."""
+        return HookHandle(self._zero_grad_hooks("pre"), hook)
+
+    def register_zero_grad_post_hook(self, hook: Callable) -> HookHandle:
+        """Runs ``hook(optimizer, args, kwargs)`` after every :meth:`zero_grad`."""
+        return HookHandle(self._zero_grad_hooks("post"), hook)
+
+    def visit_state(self, fn: Callable[[Any], Any]) -> None:
+        """Calls ``fn`` on every state array (``self.state[p][name]`` of every parameter,
+        in parameter order); a result that is not None replaces the array. Inside a
+        traced step this rewrites the state the step writes back; outside it, the
+        stored state."""
+        current = self._state_ref.value
+        new = []
+        for entry in current:
+            entry = dict(entry)
+            for name, value in entry.items():
+                result = fn(value)
+                if result is not None:
+                    entry[name] = result
+            new.append(entry)
+        self._state_ref.value = new
+
+    def apply(self, fn: Callable[[Any], Any]) -> None:
+        """``visit_state(fn)`` (cstorch's name for applying a function to the state)."""
+        self.visit_state(fn)
 
     def increment_global_step(self, p: _state.Parameter) -> jax.Array:
         """Adds 1 to ``state[p]["step"]`` (needs ``enable_global_step=True``)."""

@@ -68,6 +68,16 @@ class OptaxOptimizer(Optimizer):
                     p.value = new
         self._tx_state.value = states
 
+    def visit_state(self, fn: Callable[[Any], Any]) -> None:
+        """Calls ``fn`` on every array of the optimizer's state (moments, momentum
+        buffers, step counts: what torch keeps in ``optimizer.state``); a result that is
+        not None replaces the array, cast back to its dtype."""
+        def visit(value: Any) -> Any:
+            result = fn(value)
+            return value if result is None else jnp.asarray(result).astype(value.dtype)
+
+        self._tx_state.value = jax.tree.map(visit, self._tx_state.value)
+
     # ---- torch-layout state dicts ----------------------------------------------------
     def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
         """Per-parameter torch state dicts of one group, from its optax state."""
