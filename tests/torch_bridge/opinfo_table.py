@@ -101,6 +101,9 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     # and rounds once: cross's two products before their difference (0.0059 on sample
     # 1), logspace's power (4 units in the last place, 512 at 16384, on sample 310).
     "linalg.cross@float16": (4e-3, 8e-3),
+    # torch's float16 weighted mean is further from float64 than the bridge's (sample 34:
+    # torch -3.1992, float64 -3.1932, 0.0078 between torch and the bridge).
+    "nn.functional.nll_loss@float16": (2e-3, 1e-2),
     "logspace@bfloat16": (5e-2, 1e-2),
     "nn.functional.upsample_bilinear@bfloat16": (1.6e-2, 2e-2),
 }
