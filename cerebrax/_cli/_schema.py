@@ -421,7 +421,9 @@ def _optimizers() -> dict[str, type]:
             inspect.isabstract(cls) or cls is optim.Optimizer
         ):
             params = inspect.signature(cls.__init__).parameters.values()
-            if all(p.default is not p.empty for p in list(params)[2:]):
+            # The learning rate comes from the config's learning_rate section, so an
+            # optimizer whose lr has no default (cstorch's SGD, Adafactor) is listed too.
+            if all(p.default is not p.empty or p.name == "lr" for p in list(params)[2:]):
                 found[name.lower()] = cls
     return found
 
@@ -447,6 +449,7 @@ def optimizer_options(name: str, options: Mapping[str, Any], where: str) -> dict
                           f"{', '.join(sorted(table))}")
     fields = {
         p.name: (_hyperparameter_type(p.name, p.default), p.default)
+        if p.default is not p.empty else (NonNegative | None, None)
         for p in list(inspect.signature(cls.__init__).parameters.values())[2:]
         if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }

@@ -267,12 +267,16 @@ def core_aten_ops() -> list[Any]:
     """Every overload of an aten operator tagged ``torch.Tag.core`` (the core ATen set).
 
     The operator names come from torch's schema registry: ``dir(torch.ops.aten)`` lists
-    only the packets already looked up in this process."""
+    only the packets already looked up in this process. Overloads are read with
+    ``getattr``: calling a packet's ``__getattr__`` directly builds a new OpOverload and
+    replaces torch's cached one, after which every table keyed by the old object (the
+    bridge's lowerings, torch's own decompositions) misses it."""
     names = {s.name.removeprefix("aten::") for s in torch._C._jit_get_all_schemas()
              if s.name.startswith("aten::")}
     ops = set()
     for packet in filter(None, (getattr(torch.ops.aten, n, None) for n in names)):
-        ops.update(op for op in map(packet.__getattr__, packet.overloads()) if is_core(op))
+        ops.update(op for op in (getattr(packet, name) for name in packet.overloads())
+                   if is_core(op))
     return sorted(ops, key=str)
 
 

@@ -72,7 +72,7 @@ def test_sgd_step_equals_hand_written_loop():
 
 def test_adamw_with_linear_lr_equals_hand_written_loop():
     losses, params, step = _train(
-        lambda p: cstorch.optim.AdamW(p, lr=0.01, weight_decay=0.05),
+        lambda p: cstorch.optim.AdamW(p, lr=0.01, weight_decay=0.05, eps=1e-8),
         lambda opt: cstorch.optim.lr_scheduler.LinearLR(opt, 0.01, 0.001, total_iters=10),
     )
     schedule = optax.schedules.linear_schedule(0.01, 0.001, transition_steps=10)
