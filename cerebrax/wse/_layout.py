@@ -25,7 +25,10 @@ from jax.sharding import PartitionSpec as P
 from ..errors import ConfigError
 from ._mesh import Wafer
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "SHARDED_MODES"]
+
+# The modes whose state lives split over the "wgt" axis between steps.
+SHARDED_MODES = ("weight_streaming", "sharded")
 
 
 class Layout:
@@ -39,7 +42,7 @@ class Layout:
 
     # ---- state ------------------------------------------------------------------------
     def state_sharding(self, leaf: Any) -> NamedSharding:
-        if self.wafer.mode != "weight_streaming":
+        if self.wafer.mode not in SHARDED_MODES:
             return self.replicated
         shape = tuple(getattr(leaf, "shape", ()))
         dim = _largest_divisible_dim(shape, self.wafer.inner_size)
