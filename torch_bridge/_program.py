@@ -212,6 +212,9 @@ class Program:
         equal keys (``blocks.0`` and ``blocks.1`` of an ``nn.ModuleList`` of identical
         blocks) therefore compute the same function of their positional inputs, which
         lets weight streaming run them as one ``jax.lax.scan``.
+
+        Returns ``(core, sends)``: ``core`` holds the carry's shapes and dtypes, the
+        nodes and the buffer updates; ``sends`` the roles of the carry it hands on.
         """
         part = ProgramStage(self, units, i, i + 1)
         roles: dict[torch.fx.Node, tuple] = {}
@@ -234,7 +237,26 @@ class Program:
             roles[node] = ("node", k)
         sends = tuple(roles[n] for n in part.carry_out) if not part.last else ("outputs",)
         updates = tuple((buffers.index(t), roles[v]) for t, v in part._mutations)
-        return tuple(described), sends, updates
+        received = tuple(_aval(n.meta.get("val")) for n in part.carry_in)
+        return (received, tuple(described), updates), sends
+
+    def layer_projection(self, units: list[list[torch.fx.Node]], i: int, j: int
+                         ) -> tuple[int, ...] | None:
+        """Whether layer ``j`` is layer ``i`` sending on only part of its carry.
+
+        The last block of an ``nn.ModuleList`` computes what the others compute but no
+        longer hands on a value that only the blocks read (an attention mask). Returns
+        the positions, in layer ``i``'s carry out, of what layer ``j`` sends (so running
+        ``i``'s function and keeping those positions gives ``j``'s carry out), or None
+        when the layers differ otherwise (see :meth:`layer_signature`).
+        """
+        (core_i, sends_i), (core_j, sends_j) = (self.layer_signature(units, i),
+                                                self.layer_signature(units, j))
+        if core_i != core_j or "outputs" in sends_i + sends_j:
+            return None
+        if not set(sends_j) <= set(sends_i):
+            return None
+        return tuple(sends_i.index(role) for role in sends_j)
 
     def layer_cost(self, nodes: list[torch.fx.Node]) -> int:
         """Parameter elements a layer reads (each tied copy counted) plus its node count."""

@@ -116,7 +116,9 @@ class TorchModelAdapter(ModelAdapter):
         Each layer's cost is the number of parameter elements it reads plus its node
         count. Each layer's signature is its structural key
         (:meth:`torch_bridge.Program.layer_signature`): the blocks of an
-        ``nn.ModuleList`` of identical blocks share one, so weight streaming scans them.
+        ``nn.ModuleList`` of identical blocks share one, so weight streaming scans them;
+        the last block, which hands on less (no attention mask), joins the scan through
+        its projection (:meth:`torch_bridge.Program.layer_projection`).
         """
         program = self.converted.program(args, kwargs, train=train)
         units = program.layers()
@@ -137,7 +139,8 @@ class TorchModelAdapter(ModelAdapter):
             return Stage(fn, part.params, part.buffers)
 
         return Layers([name for name, _ in units], [program.layer_cost(n) for n in nodes],
-                      stage, signature=lambda i: program.layer_signature(nodes, i))
+                      stage, signature=lambda i: program.layer_signature(nodes, i),
+                      projection=lambda i, j: program.layer_projection(nodes, i, j))
 
     def parameter_aliases(self) -> dict[Any, str]:
         return {p: self.converted.aliases[name]

@@ -97,12 +97,17 @@ class Layers:
         positional inputs: the parameters and buffers in their stage's order and the
         carry. Weight streaming runs consecutive layers with equal keys as one
         ``jax.lax.scan`` (see :mod:`._streaming`); pipeline mode ignores the keys.
+      projection: optional ``projection(i, j)``: where layer ``j`` computes what layer
+        ``i`` computes but hands on only part of its carry (the last of a stack of
+        blocks), the positions in ``i``'s carry out that ``j`` sends; else None. Such a
+        layer joins the scan of the layers before it.
     """
 
     names: Sequence[str]
     costs: Sequence[int]
     stage: Callable[[int, int], Stage]
     signature: Callable[[int], Hashable | None] | None = None
+    projection: Callable[[int, int], tuple[int, ...] | None] | None = None
 
 
 def split_layers(costs: Sequence[float], num_stages: int, names: Sequence[str] = ()

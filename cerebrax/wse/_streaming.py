@@ -57,8 +57,6 @@ from ._pipeline import Layers, Stage, _fold_key, _is_split_input, _key_data, _va
 
 __all__ = ["streamed_apply"]
 
-_AXES = ("csx", "wgt")
-_DATA = P(_AXES)  # rows split over every device of the mesh
 
 
 class _NotStreamable(Exception):
@@ -138,12 +136,17 @@ class _RowSplit:
 # ---- the plan: groups of layers, gathering ------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Group:
-    """Layers ``lo..hi-1``: one scan (``stages[0]`` is the body) or unrolled stages."""
+    """Layers ``lo..hi-1``: one scan (``stages[0]`` is the body) or unrolled stages.
+
+    ``project``: positions of the body's carry out that the scan hands on (the last
+    layer of the scan sends only those), or None for all of it.
+    """
 
     lo: int
     hi: int
     stages: tuple[Stage, ...]
     scan: bool
+    project: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,30 +164,38 @@ class _Plan:
         keys = ([layers.signature(i) for i in range(len(stages))]
                 if layers.signature is not None else [None] * len(stages))
         specs = {n: layout.state_sharding(v).spec for n, v in {**params, **buffers}.items()}
-        return cls(layout, inputs, _groups(stages, keys), specs, _key_data(key)[1])
+        groups = _groups(stages, keys, layers.projection)
+        return cls(layout, inputs, groups, specs, _key_data(key)[1])
 
     @property
     def mesh(self) -> Any:
         return self.layout.mesh
 
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The mesh axes the rows split over: those of more than one device (an axis of
+        one device would only add trivial collectives)."""
+        return tuple(a for a in ("csx", "wgt") if self.mesh.shape[a] > 1)
+
     def run(self, params: dict, buffers: dict, key: Any) -> Any:
         key_data = _key_data(key)[0]
         in_specs = ({n: self.specs[n] for n in params}, {n: self.specs[n] for n in buffers},
-                    [_DATA] * len(self.inputs.split), None if key_data is None else P())
+                    [P(self.axes)] * len(self.inputs.split),
+                    None if key_data is None else P())
         body = jax.shard_map(self._body, mesh=self.mesh, in_specs=in_specs,
-                             out_specs=_DATA)
+                             out_specs=P(self.axes))
         return body(params, buffers, self.inputs.arrays(), key_data)
 
     # -- one device's program --
     def _body(self, params: dict, buffers: dict, dyn: list, kd: Any) -> Any:
         # Every value a layer reads varies over both axes (one type for the lowerings'
         # custom_vjp rules); the transposed cast sums each shard's gradient over "csx".
-        params = {n: _vary(v, _AXES) for n, v in params.items()}
-        buffers = {n: _vary(v, _AXES) for n, v in buffers.items()}
+        params = {n: _vary(v, self.axes) for n, v in params.items()}
+        buffers = {n: _vary(v, self.axes) for n, v in buffers.items()}
         if kd is not None:
             device = jax.lax.axis_index("csx") * self.mesh.shape["wgt"] + jax.lax.axis_index(
                 "wgt")
-            kd = _vary(_key_data(_fold_key(kd, self.typed_key, device))[0], _AXES)
+            kd = _vary(_key_data(_fold_key(kd, self.typed_key, device))[0], self.axes)
         carry = None
         for group in self.groups:
             if group.scan:
@@ -228,7 +239,8 @@ class _Plan:
             for i, stage in enumerate(group.stages, start=group.lo):
                 carry = self._unrolled(i, stage, params, buffers, carry, dyn, kd)
             return carry
-        return _scan_layers(self._layer_fn(group.lo, body), ps, bs, carry, (dyn, kd))
+        carry = _scan_layers(self._layer_fn(group.lo, body), ps, bs, carry, (dyn, kd))
+        return carry if group.project is None else tuple(carry[k] for k in group.project)
 
     def _scannable(self, stage: Stage, params: dict, buffers: dict, carry: Any, dyn: list,
                    kd: Any) -> bool:
@@ -256,25 +268,33 @@ class _Plan:
     def gather(self, name: str, shard: jax.Array) -> jax.Array:
         """The whole value of a state leaf from this device's shard (all-gather over "wgt")."""
         spec = tuple(self.specs[name])
-        if "wgt" not in spec:
+        if "wgt" not in spec or self.mesh.shape["wgt"] == 1:
             return shard
         return jax.lax.all_gather(shard, "wgt", axis=spec.index("wgt"), tiled=True)
 
 
-def _groups(stages: Sequence[Stage], keys: Sequence[Any]) -> tuple[_Group, ...]:
-    """Consecutive layers with equal non-None keys form a scan group; the rest unrolled."""
-    groups, lo = [], 0
-    n = len(stages)
+def _groups(stages: Sequence[Stage], keys: Sequence[Any],
+            projection: Callable[[int, int], tuple[int, ...] | None] | None
+            ) -> tuple[_Group, ...]:
+    """Consecutive layers with equal non-None keys (and a last one that sends part of
+    their carry on, per ``projection``) form a scan group; the others run unrolled."""
+    groups: list[_Group] = []
+    lo, n = 0, len(stages)
     while lo < n:
         hi = lo + 1
         while hi < n and keys[lo] is not None and keys[hi] == keys[lo]:
             hi += 1
-        scan = hi - lo > 1
-        if not scan and groups and not groups[-1].scan:
+        project = None
+        if keys[lo] is not None and hi < n and projection is not None:
+            project = projection(lo, hi)
+            hi += project is not None
+        if hi - lo > 1:
+            groups.append(_Group(lo, hi, tuple(stages[lo:hi]), True, project))
+        elif groups and not groups[-1].scan:
             prev = groups.pop()
             groups.append(_Group(prev.lo, hi, (*prev.stages, stages[lo]), False))
         else:
-            groups.append(_Group(lo, hi, tuple(stages[lo:hi]), scan))
+            groups.append(_Group(lo, hi, (stages[lo],), False))
         lo = hi
     return tuple(groups)
 
@@ -390,7 +410,7 @@ def _scan_bwd(layer, res, ct):
     # The layers' output: the next carry (a scan's carry has one structure throughout).
     omask = [x.dtype != jax.dtypes.float0 for x in jax.tree.leaves(ct)]
     ct_floats = [x for x, m in zip(jax.tree.leaves(ct), omask) if m]
-    zeros_k = [_vary(jnp.zeros_like(x), _AXES) for x, m in zip(k0, kmask) if m]
+    zeros_k = [_zeros_like(x) for x, m in zip(k0, kmask) if m]
     (g_c, g_k), g_p = _loop(step, (ct_floats, zeros_k), n, saved, reverse=True)
     g_params = (g_p,) if n == 1 else tuple(tuple(g[k] for g in g_p) for k in range(n))
     g_buffers = jax.tree.map(_zero_cotangent, buffers)
@@ -399,9 +419,14 @@ def _scan_bwd(layer, res, ct):
     return g_params, g_buffers, g_carry, g_consts
 
 
+def _zeros_like(x: jax.Array) -> jax.Array:
+    """Zeros of ``x``'s shape, dtype and shard_map type (the axes it varies over)."""
+    return _vary(jnp.zeros_like(x), tuple(jax.typeof(x).manual_axis_type.varying))
+
+
 def _zero_cotangent(x: Any) -> Any:
     if _is_float(x):
-        return _vary(jnp.zeros_like(x), _AXES)
+        return _zeros_like(x)
     return np.zeros(x.shape, jax.dtypes.float0)
 
 
