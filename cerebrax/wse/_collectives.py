@@ -42,6 +42,15 @@ class Collective:
         """Whether every group holds one device (the op moves nothing)."""
         return self.group_size == 1
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the result on one device (a tuple's arrays added up)."""
+        total = 0
+        for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", self.shape):
+            bits = int(re.sub(r"\D", "", dtype) or 8) if dtype != "pred" else 8
+            total += bits // 8 * math.prod(int(d) for d in dims.split(",") if d)
+        return total
+
 
 @dataclasses.dataclass(frozen=True)
 class Loop:
@@ -75,6 +84,14 @@ class CollectiveReport:
         """Non-trivial collectives of ``kind`` one run executes (loops x trip counts)."""
         return self.count(kind) + sum(loop.count(kind) * (loop.trip_count or 1)
                                       for loop in self.loops)
+
+    def executed_bytes(self, kind: str) -> int:
+        """Result bytes per device of the non-trivial collectives of ``kind`` one run
+        executes (loops x trip counts)."""
+        def size(collectives):
+            return sum(c.nbytes for c in collectives if c.kind == kind and not c.trivial)
+        return size(self.outside) + sum(size(loop.collectives) * (loop.trip_count or 1)
+                                        for loop in self.loops)
 
     def format(self) -> str:
         kinds = ("all-gather", "reduce-scatter", "all-reduce")

@@ -58,7 +58,6 @@ from ._pipeline import Layers, Stage, _fold_key, _is_split_input, _key_data, _va
 __all__ = ["streamed_apply"]
 
 
-
 class _NotStreamable(Exception):
     """Raised while tracing when the model does not fit the plan (the call falls back)."""
 
@@ -188,8 +187,9 @@ class _Plan:
 
     # -- one device's program --
     def _body(self, params: dict, buffers: dict, dyn: list, kd: Any) -> Any:
-        # Every value a layer reads varies over both axes (one type for the lowerings'
-        # custom_vjp rules); the transposed cast sums each shard's gradient over "csx".
+        # Every value a layer reads varies over the data axes (one type for the
+        # lowerings' custom_vjp rules); with two or more systems the transposed cast sums
+        # each parameter shard's gradient over "csx", after its reduce-scatter over "wgt".
         params = {n: _vary(v, self.axes) for n, v in params.items()}
         buffers = {n: _vary(v, self.axes) for n, v in buffers.items()}
         if kd is not None:
