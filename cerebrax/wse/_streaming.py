@@ -192,9 +192,10 @@ class _Plan:
         # each parameter shard's gradient over "csx", after its reduce-scatter over "wgt".
         params = {n: _vary(v, self.axes) for n, v in params.items()}
         buffers = {n: _vary(v, self.axes) for n, v in buffers.items()}
-        if kd is not None:
-            device = jax.lax.axis_index("csx") * self.mesh.shape["wgt"] + jax.lax.axis_index(
-                "wgt")
+        if kd is not None:  # each device draws its own numbers for its rows
+            device = 0
+            for axis in self.axes:
+                device = device * self.mesh.shape[axis] + jax.lax.axis_index(axis)
             kd = _vary(_key_data(_fold_key(kd, self.typed_key, device))[0], self.axes)
         carry = None
         for group in self.groups:

@@ -404,3 +404,21 @@ def test_sharded_mode_keeps_the_spmd_layout():
     x, y = _batches(1)[0]
     report = cstorch.wse.collective_report(step, x, y)
     assert not [loop for loop in report.loops if loop.count("all-gather")]
+
+
+def test_dropout_draws_differently_on_each_device():
+    """Random ops get ``fold_in(key, device)``: equal rows on different devices get
+    different dropout masks (one key for all would give equal outputs)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), *[nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+                                          for _ in range(3)])
+    model = cstorch.compile(net, fresh_backend(WS8))
+    x = np.ones((8, 8), np.float32)  # one row per device, all equal
+    out = np.asarray(model(x))
+    assert np.isfinite(out).all()
+    assert len({row.tobytes() for row in out}) == 8
+    model.eval()
+    assert len({row.tobytes() for row in np.asarray(model(x))}) == 1
