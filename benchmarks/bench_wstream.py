@@ -121,7 +121,8 @@ def variant(name: str):
     """``streamed`` (as built), ``unrolled`` (no scan) or ``sharded`` (no streaming)."""
     saved = _streaming._groups, _run.streamed_apply
     if name == "unrolled":
-        _streaming._groups = lambda stages, keys: saved[0](stages, [None] * len(keys))
+        _streaming._groups = lambda stages, keys, projection: saved[0](
+            stages, [None] * len(keys), None)
     elif name == "sharded":
         _run.streamed_apply = lambda *args, **kwargs: None
     try:

@@ -321,19 +321,21 @@ def _pick(stack: tuple[tuple, ...], i: Any) -> tuple:
 
 
 def _after(values: tuple, tree: Any) -> tuple:
-    """``values`` unchanged, computed after ``tree``: ``x - 0 * (a value of tree)``.
+    """``values`` unchanged, computed after ``tree``: ``x - 0 * (values of tree)``.
 
     XLA on CPU drops ``jax.checkpoint``'s optimization barriers and would merge a
     layer's gathers in the forward and the backward pass into one (its full weights
     then stay alive in between), and may gather early. A gather of ``after(shard,
     the layer's input)`` in the forward and of ``after(shard, the incoming
     cotangent)`` in the backward is neither: XLA does not fold ``0 * x`` for floats
-    (NaN), so each gather waits for its data. Subtracting 0 keeps -0.0.
+    (NaN), so each gather waits for its data. One element of every leaf takes part
+    (one leaf may be a constant XLA folds, e.g. a causal mask). Subtracting 0 keeps
+    -0.0.
     """
-    leaves = [x for x in jax.tree.leaves(tree) if x.size]
+    leaves = [jnp.ravel(x)[0].astype(jnp.float32) for x in jax.tree.leaves(tree) if x.size]
     if not leaves:
         return values
-    zero = jnp.ravel(leaves[0])[0].astype(jnp.float32) * 0
+    zero = sum(leaves[1:], leaves[0]) * 0
     return tuple(x - zero.astype(x.dtype) if _is_float(x) else x for x in values)
 
 
