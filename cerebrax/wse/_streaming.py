@@ -24,9 +24,12 @@ with the weights sharded (ZeRO-3 / FSDP):
   shard into a ``[layers, ...]`` output that the optimizer reads slice by slice.
 
 Per device, a step holds the shards of the parameters, their gradients and the
-optimizer state, about two layers' full weights (gathered weights and full-size
-gradients before the reduce-scatter), each layer's input (the carry) for the backward
-pass, and one layer's activations.
+optimizer state, at most about two layers' full weights (gathered weights and
+full-size gradients before the reduce-scatter), each layer's input (the carry) for the
+backward pass, and one layer's activations. The scan's gradient output holds every
+scanned layer's gradient shard until the optimizer update; unrolled layers let XLA
+apply each parameter's update as soon as its gradient exists, which saves that much
+memory at the price of a program that grows with depth.
 
 The call falls back to the sharded layout (one global-view call, XLA's SPMD partitioner
 places it: what :func:`~._run.run_model` does otherwise) where this plan does not
