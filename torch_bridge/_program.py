@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.node import map_arg
@@ -198,6 +199,65 @@ class Program:
         """The nodes of layers ``lo..hi-1`` as one runnable stage (see ProgramStage)."""
         return ProgramStage(self, units, lo, hi)
 
+    def layer_signature(self, units: list[list[torch.fx.Node]], i: int) -> tuple:
+        """A structural key of layer ``i``: equal keys, equal functions.
+
+        The key describes the layer's nodes in order (op, literal arguments, result
+        shape and dtype) with every tensor argument named by its role instead of its
+        name: an earlier node of the layer (by position), a value of the carry it
+        receives (by position in :attr:`ProgramStage.carry_in`), a parameter or buffer
+        (by position in the stage's :attr:`ProgramStage.params` / ``buffers``, with
+        shape and dtype), a constant (by value) or a user input (by index); then the
+        carry it sends and the buffers it updates, by the same roles. Two layers with
+        equal keys (``blocks.0`` and ``blocks.1`` of an ``nn.ModuleList`` of identical
+        blocks) therefore compute the same function of their positional inputs, which
+        lets weight streaming run them as one ``jax.lax.scan``.
+
+        Returns ``(core, sends)``: ``core`` holds the carry's shapes and dtypes, the
+        nodes and the buffer updates; ``sends`` the roles of the carry it hands on.
+        """
+        part = ProgramStage(self, units, i, i + 1)
+        roles: dict[torch.fx.Node, tuple] = {}
+        for k, node in enumerate(part.carry_in):
+            roles[node] = ("carry", k, _aval(node.meta.get("val")))
+        params, buffers = list(part.params), list(part.buffers)
+        for node, kind, ref in part._inputs:
+            if kind == "param":
+                roles[node] = ("param", params.index(ref), _aval(node.meta.get("val")))
+            elif kind == "buffer":
+                roles[node] = ("buffer", buffers.index(ref), _aval(node.meta.get("val")))
+            elif kind == "const":
+                roles[node] = ("const", _aval(ref), hash(np.asarray(ref).tobytes()))
+            else:
+                roles[node] = ("input", ref)
+        described = []
+        for k, node in enumerate(part.nodes):
+            args = _described((node.args, node.kwargs), roles)
+            described.append((str(node.target), args, _aval(node.meta.get("val"))))
+            roles[node] = ("node", k)
+        sends = tuple(roles[n] for n in part.carry_out) if not part.last else ("outputs",)
+        updates = tuple((buffers.index(t), roles[v]) for t, v in part._mutations)
+        received = tuple(_aval(n.meta.get("val")) for n in part.carry_in)
+        return (received, tuple(described), updates), sends
+
+    def layer_projection(self, units: list[list[torch.fx.Node]], i: int, j: int
+                         ) -> tuple[int, ...] | None:
+        """Whether layer ``j`` is layer ``i`` sending on only part of its carry.
+
+        The last block of an ``nn.ModuleList`` computes what the others compute but no
+        longer hands on a value that only the blocks read (an attention mask). Returns
+        the positions, in layer ``i``'s carry out, of what layer ``j`` sends (so running
+        ``i``'s function and keeping those positions gives ``j``'s carry out), or None
+        when the layers differ otherwise (see :meth:`layer_signature`).
+        """
+        (core_i, sends_i), (core_j, sends_j) = (self.layer_signature(units, i),
+                                                self.layer_signature(units, j))
+        if core_i != core_j or "outputs" in sends_i + sends_j:
+            return None
+        if not set(sends_j) <= set(sends_i):
+            return None
+        return tuple(sends_i.index(role) for role in sends_j)
+
     def layer_cost(self, nodes: list[torch.fx.Node]) -> int:
         """Parameter elements a layer reads (each tied copy counted) plus its node count."""
         used = {a for n in nodes for a in n.all_input_nodes}
@@ -265,6 +325,30 @@ class ProgramStage:
         user = [v for (kind, _), v in zip(self.program._outputs, outputs)
                 if kind == OutputKind.USER_OUTPUT]
         return user, mutated
+
+
+def _aval(value: Any) -> Any:
+    """Shape and dtype of a node's value (tensors, nested in tuples), else its repr."""
+    if isinstance(value, (torch.Tensor, jax.Array, np.ndarray)):
+        return tuple(int(d) for d in value.shape), str(value.dtype)
+    if isinstance(value, (tuple, list)):
+        return tuple(_aval(v) for v in value)
+    return repr(value)
+
+
+def _described(value: Any, roles: dict[torch.fx.Node, tuple]) -> Any:
+    """``value`` (a node's arguments) as a hashable tree: nodes by their roles."""
+    if isinstance(value, torch.fx.Node):
+        return roles.get(value, ("outside", value.name))
+    if isinstance(value, (tuple, list)):
+        return type(value).__name__ == "tuple", tuple(_described(v, roles) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _described(v, roles)) for k, v in value.items())
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return type(value).__name__, value
 
 
 _CONTAINERS = {"Sequential", "ModuleList", "ModuleDict"}

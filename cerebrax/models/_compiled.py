@@ -299,9 +299,11 @@ class CompiledModel:
         layout = getattr(self.backend, "layout", None)
         if layout is not None:
             # On a wafer mesh every value of the call lives on the mesh (state in its
-            # layout, which a traced step may have placed already; inputs replicated).
+            # layout, which a traced step may have placed already; inputs and the
+            # key replicated).
             params, buffers = layout.place_state(params), layout.place_state(buffers)
             arrays = [jax.device_put(x, layout.replicated) for x in arrays]
+            key = None if key is None else jax.device_put(key, layout.replicated)
         out, new_buffers = fn(params, buffers, key, arrays)
         for name, value in new_buffers.items():
             self._buffers[name].value = value

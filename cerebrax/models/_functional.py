@@ -3,8 +3,9 @@ as a list of layers, and its adapter."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -104,6 +105,7 @@ class FunctionalAdapter(ModelAdapter):
         self._layers = None
         if model.layers is not None:
             self._layers = functional_layer_fns(model.layers)
+            self._signatures = layer_signatures(model.layers)
             self._takes_train = False
             self.needs_key = any(layer.needs_key for layer in self._layers)
             return
@@ -123,7 +125,8 @@ class FunctionalAdapter(ModelAdapter):
     def pipeline_layers(self, params, buffers, args, kwargs, *, train) -> Layers | None:
         if self._layers is None:
             return None
-        return sequential_layers(self._layers, train=train)
+        layers = sequential_layers(self._layers, train=train)
+        return dataclasses.replace(layers, signature=self._signatures.__getitem__)
 
     def apply(self, params, buffers, args, kwargs, *, train, key):
         if self._layers is not None:
@@ -146,6 +149,25 @@ class FunctionalAdapter(ModelAdapter):
                 f"{new_def}, expected {self._buffers_def}."
             )
         return out, new_named
+
+
+def layer_signatures(named: Sequence[tuple[str, FunctionalModel]]) -> list[Hashable | None]:
+    """Structural keys of a ``FunctionalModel(layers=...)``'s layers (see ``wse.Layers``).
+
+    Two layers share a key when they have the same ``apply_fn`` object and parameters
+    and buffers of the same structure, shapes and dtypes: they compute the same
+    function of their parameters and input. The first layer receives the model's
+    inputs rather than the previous layer's output, so it has no key.
+    """
+
+    def shapes(tree: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(tree)
+        return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+    keys: list[Hashable | None] = [None]
+    for _, model in named[1:]:
+        keys.append((model.apply_fn, shapes(model.params), shapes(model.buffers)))
+    return keys
 
 
 def functional_layer_fns(named: Sequence[tuple[str, Any]]) -> list[LayerFn]:

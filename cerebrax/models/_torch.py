@@ -118,7 +118,11 @@ class TorchModelAdapter(ModelAdapter):
         attention mask; parameters are read where they are used, so a tied weight
         used by two stages is in both and its gradient is the sum of the two uses.
         Each layer's cost is the number of parameter elements it reads plus its node
-        count.
+        count. Each layer's signature is its structural key
+        (:meth:`torch_bridge.Program.layer_signature`): the blocks of an
+        ``nn.ModuleList`` of identical blocks share one, so weight streaming scans them;
+        the last block, which hands on less (no attention mask), joins the scan through
+        its projection (:meth:`torch_bridge.Program.layer_projection`).
         """
         program = self.converted.program(args, kwargs, train=train)
         units = program.layers()
@@ -139,7 +143,8 @@ class TorchModelAdapter(ModelAdapter):
             return Stage(fn, part.params, part.buffers)
 
         return Layers([name for name, _ in units], [program.layer_cost(n) for n in nodes],
-                      stage)
+                      stage, signature=lambda i: program.layer_signature(nodes, i),
+                      projection=lambda i, j: program.layer_projection(nodes, i, j))
 
     def parameter_aliases(self) -> dict[Any, str]:
         return {p: self.converted.aliases[name]

@@ -5,12 +5,16 @@ dimension over ``("csx", "replica")``. Because the traced program is one global-
 ``jax.jit`` program, the loss is the mean over the global batch and XLA's SPMD
 partitioner inserts the gradient all-reduce: gradients equal the single-device ones.
 
-``weight_streaming``: each state leaf is split over ``"wgt"`` along its largest
-dimension that the server count divides (scalars and indivisible leaves are
-replicated); batches are split over ``"csx"``. Parameters and optimizer state live on
-the servers in shards and the optimizer update runs on the shards; XLA's SPMD
-partitioner inserts what each layer needs (gathering the layer's weights, or keeping
-them split and moving activations, whichever it finds cheaper for the shapes).
+``weight_streaming`` and ``sharded``: each state leaf is split over ``"wgt"`` along its
+largest dimension that the server count divides (scalars and indivisible leaves are
+replicated); batches reach the step split over ``"csx"``. Parameters and optimizer
+state live on the servers in shards and the optimizer update runs on the shards. In
+weight-streaming mode the model call then splits each system's rows over its
+``"wgt"`` devices too and gathers each layer's weights just in time
+(:mod:`._streaming`); in sharded mode (and in weight-streaming mode for a model
+without layers) XLA's SPMD partitioner inserts what each layer needs (gathering the
+layer's weights, or keeping them split and moving activations, whichever it finds
+cheaper for the shapes).
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ from jax.sharding import PartitionSpec as P
 from ..errors import ConfigError
 from ._mesh import Wafer
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "SHARDED_MODES"]
+
+# The modes whose state lives split over the "wgt" axis between steps.
+SHARDED_MODES = ("weight_streaming", "sharded")
 
 
 class Layout:
@@ -39,7 +46,7 @@ class Layout:
 
     # ---- state ------------------------------------------------------------------------
     def state_sharding(self, leaf: Any) -> NamedSharding:
-        if self.wafer.mode != "weight_streaming":
+        if self.wafer.mode not in SHARDED_MODES:
             return self.replicated
         shape = tuple(getattr(leaf, "shape", ()))
         dim = _largest_divisible_dim(shape, self.wafer.inner_size)

@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -92,11 +92,22 @@ class Layers:
       names: one name per layer (``"blocks.0"``, ``"fc1"``, ``"layers.2"``).
       costs: the balancing weight of each layer (e.g. its parameter count).
       stage: ``stage(lo, hi)`` builds the :class:`Stage` running layers ``lo..hi-1``.
+      signature: optional ``signature(i)``, a hashable structural key of layer ``i``
+        (None: no key). Two layers with equal keys compute the same function of their
+        positional inputs: the parameters and buffers in their stage's order and the
+        carry. Weight streaming runs consecutive layers with equal keys as one
+        ``jax.lax.scan`` (see :mod:`._streaming`); pipeline mode ignores the keys.
+      projection: optional ``projection(i, j)``: where layer ``j`` computes what layer
+        ``i`` computes but hands on only part of its carry (the last of a stack of
+        blocks), the positions in ``i``'s carry out that ``j`` sends; else None. Such a
+        layer joins the scan of the layers before it.
     """
 
     names: Sequence[str]
     costs: Sequence[int]
     stage: Callable[[int, int], Stage]
+    signature: Callable[[int], Hashable | None] | None = None
+    projection: Callable[[int, int], tuple[int, ...] | None] | None = None
 
 
 def split_layers(costs: Sequence[float], num_stages: int, names: Sequence[str] = ()

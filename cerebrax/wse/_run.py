@@ -4,9 +4,13 @@ A compiled model hands its pure apply function (and, for pipeline mode, a way to
 its layers) to :func:`run_model`; the wafer layout decides how the call runs:
 
 - pipeline mode: a GPipe schedule over the stages (:mod:`._pipeline`);
+- weight-streaming mode: layer by layer, each layer's weights gathered just in time
+  and the batch split over every device (:mod:`._streaming`), where the model gives
+  its layers and the batch splits; otherwise as in the sharded layout below;
 - weight-streaming or replica mode with a ``micro_batch_size``: the call over the
   micro-batches of each system, activations rematerialized (:mod:`._micro`);
-- otherwise, one call on the whole batch (XLA's SPMD partitioner places it on a mesh).
+- otherwise (replica and sharded mode), one call on the whole batch (XLA's SPMD
+  partitioner places it on a mesh).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from ..errors import ConfigError
 from ._micro import ApplyFn, micro_batched_apply
 from ._pipeline import Layers, pipelined_apply
+from ._streaming import streamed_apply
 
 __all__ = ["run_model"]
 
@@ -31,7 +36,7 @@ def run_model(backend: Any, apply: ApplyFn, layers_for: Callable[[tuple, dict], 
         ``cluster_config`` choose the layout; a backend without a wafer runs one call).
       apply: the model's pure call.
       layers_for: ``layers_for(micro_args, micro_kwargs) -> Layers``, the model's layers
-        for pipeline mode (called only there).
+        for pipeline and weight-streaming mode (called only there).
       params, buffers, args, kwargs, key: the call's values.
     """
     wafer = getattr(backend, "wafer", None)
@@ -39,6 +44,12 @@ def run_model(backend: Any, apply: ApplyFn, layers_for: Callable[[tuple, dict], 
     if wafer is not None and wafer.mode == "pipeline":
         return pipelined_apply(layers_for, wafer, wafer.micro_batch_size, params, buffers,
                                args, kwargs, key=key)
+    if (wafer is not None and wafer.mode == "weight_streaming"
+            and getattr(cluster, "micro_batch_size", None) is None):
+        streamed = streamed_apply(layers_for, backend.layout, params, buffers, args, kwargs,
+                                  key=key)
+        if streamed is not None:
+            return streamed
     if (cluster is not None and cluster.micro_batch_size is not None
             and cluster.execution_mode != "pipeline"):
         layout = getattr(backend, "layout", None)

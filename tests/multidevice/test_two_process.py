@@ -3,8 +3,10 @@
 The test starts two copies of this file as worker processes (``python
 test_two_process.py WORKER ...``), each with its own 4 emulated CPU devices; they join
 through JAX's multi-process runtime on a free localhost port and train the same MLP in
-several layouts of the 8-device mesh. Both must give the losses and final parameters
-of a single-device run (fp32, rel <= 1e-5), and the same values as each other.
+several layouts of the 8-device mesh; in weight-streaming mode also a deeper MLP given
+as ``FunctionalModel(layers=...)``, which streams its weights layer by layer and scans
+its equal layers. Both must give the losses and final parameters of a single-device
+run (fp32, rel <= 1e-5), and the same values as each other.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -40,10 +43,38 @@ LAYOUTS = {
     "replica2x4": (dict(execution_mode="replica", num_csx=2, num_replicas=4), "numpy"),
     "ws8": (dict(execution_mode="weight_streaming", max_wgt_servers=8), "executor"),
     "ws2x4": (dict(execution_mode="weight_streaming", num_csx=2, max_wgt_servers=4), "numpy"),
+    "ws8_layers": (dict(execution_mode="weight_streaming", max_wgt_servers=8), "executor"),
 }
+# The model a layout trains: "mlp" is FunctionalModel(mlp_apply, ...), whose weights stay
+# sharded while XLA places the call; "layers" is a deeper MLP of the same math given as
+# FunctionalModel(layers=...), which weight streaming runs layer by layer, its weights
+# gathered just in time, its two equal hidden layers as one scan.
+MODELS = {"ws8_layers": "layers"}
+LAYERED_SIZES = (8, 16, 16, 16, 4)
 
 
-def _train(layout: str | None, feed: str = "executor"):
+def _dense(p, x):
+    return jnp.tanh(x @ p["weight"] + p["bias"])
+
+
+def _linear(p, x):
+    return x @ p["weight"] + p["bias"]
+
+
+def _model(kind: str, compiled: bool):
+    """The model of ``kind``; for "layers", the one-device reference is the same MLP as
+    one function (same names, same math)."""
+    if kind == "mlp":
+        return cstorch.FunctionalModel(mlp_apply, mlp_params(0))
+    params = mlp_params(0, LAYERED_SIZES)
+    if not compiled:
+        return cstorch.FunctionalModel(mlp_apply, params)
+    n = len(params)
+    return cstorch.FunctionalModel(layers={
+        f"fc{i + 1}": (_dense if i < n - 1 else _linear, params[f"fc{i + 1}"]) for i in range(n)})
+
+
+def _train(layout: str | None, feed: str = "executor", kind: str = "mlp"):
     """20 steps of AdamW with a linear warm-up from one initial state.
 
     Batches come from a DataExecutor (placed in its data thread) or are passed to the
@@ -58,7 +89,7 @@ def _train(layout: str | None, feed: str = "executor"):
     else:
         config = cstorch.distributed.ClusterConfig(**LAYOUTS[layout][0])
         backend = cstorch.backend("CSX", cluster_config=config)
-    model = cstorch.compile(cstorch.FunctionalModel(mlp_apply, mlp_params(0)), backend)
+    model = cstorch.compile(_model(MODELS.get(layout, kind), layout is not None), backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     scheduler = cstorch.optim.lr_scheduler.LinearLR(
         optimizer, initial_learning_rate=1e-3, end_learning_rate=1e-2, total_iters=10)
@@ -125,6 +156,11 @@ def _worker(port: int, rank: int, out: str) -> None:
         assert not any(v.is_fully_addressable for v in values)
         split = [not v.sharding.is_fully_replicated for v in values]
         assert any(split) if wafer.mode == "weight_streaming" else not any(split), layout
+        if layout in MODELS:  # streamed: the equal hidden layers are one loop each way
+            x, y = batches(1)[0]
+            loops = cstorch.wse.collective_report(step, x, y).loops
+            results[f"{layout}/trips"] = np.array(
+                [loop.trip_count for loop in loops if loop.count("all-gather")])
         results[f"{layout}/closure_losses"] = closure_losses
         results[f"{layout}/losses"] = losses
         results.update({f"{layout}/{k}": v for k, v in state.items()})
@@ -197,7 +233,8 @@ def _wait_for_workers(port: int, outs: list, logs: list, env: dict, cwd: pathlib
 
 
 def test_two_processes_train_like_one_device(tmp_path):
-    reference_closure, reference, reference_state, _ = _train(None)
+    references = {kind: _train(None, kind=kind)[:3] for kind in {"mlp", *MODELS.values()}}
+    reference_closure, reference, reference_state = references["mlp"]
     np.testing.assert_allclose(reference_closure, reference, rtol=0)
     ranks = _run_workers(tmp_path)
     # Both processes read the same values (replicated outputs, gathered state).
@@ -211,7 +248,10 @@ def test_two_processes_train_like_one_device(tmp_path):
     message = str(got.pop("one_device"))
     for words in ["2-process run", "train the whole model alone", "num_replicas=8"]:
         assert words in message, message
+    for layout in MODELS:
+        np.testing.assert_array_equal(got.pop(f"{layout}/trips"), [2, 2])
     for layout in LAYOUTS:
+        _, reference, reference_state = references[MODELS.get(layout, "mlp")]
         losses = got[f"{layout}/losses"]
         assert losses.shape == (STEPS,)
         assert rel_err(losses, reference) <= 1e-5, (layout, losses, reference)
@@ -220,6 +260,7 @@ def test_two_processes_train_like_one_device(tmp_path):
             assert rel_err(got[f"{layout}/{name}"], value) <= 1e-5, (layout, name)
     # Checkpoints written by process 0 from state that both processes read.
     for layout in [name for name, (_, feed) in LAYOUTS.items() if feed == "executor"]:
+        _, _, reference_state = references[MODELS.get(layout, "mlp")]
         saved = cstorch.load(str(tmp_path / f"{layout}.mdl"))["model"]
         for name, value in reference_state.items():
             if name.startswith("model."):
