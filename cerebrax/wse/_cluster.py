@@ -11,12 +11,13 @@ from ..errors import ConfigError
 
 __all__ = ["APPLIANCE_FIELDS", "ClusterConfig", "EXECUTION_MODES"]
 
-EXECUTION_MODES = ("weight_streaming", "pipeline", "replica")
+EXECUTION_MODES = ("weight_streaming", "pipeline", "replica", "sharded")
 # The cstorch.compile backend strings that select an execution mode.
 MODE_ALIASES = {
     "wse_ws": "weight_streaming",
     "wse_pipeline": "pipeline",
     "wse_replica": "replica",
+    "wse_sharded": "sharded",
 }
 
 
@@ -43,7 +44,10 @@ class ClusterConfig:
     fields after it choose how the emulated wafer lays out the model over the JAX
     devices: ``"weight_streaming"`` (the default: parameters sharded over
     ``max_wgt_servers``), ``"pipeline"`` (``num_stages`` layer stages, micro-batches of
-    ``micro_batch_size``) or ``"replica"`` (``num_replicas`` data-parallel copies).
+    ``micro_batch_size``), ``"replica"`` (``num_replicas`` data-parallel copies) or
+    ``"sharded"`` (the state sharded over ``max_wgt_servers`` as in weight streaming, the
+    model run as one global-view program whose collectives XLA's partitioner chooses:
+    what weight streaming falls back to for models without layers).
     With more than one visible device, a CSX backend lays the run out on a device
     mesh (see :mod:`cerebrax.wse`) of ``num_csx`` x (``num_replicas`` |
     ``max_wgt_servers`` | ``num_stages``) devices. In pipeline mode ``num_stages=None``
