@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import os
 import re
 import time
 
@@ -35,7 +36,9 @@ from helpers import fresh_backend, rel_err, xent
 import cerebrax as cstorch
 
 VOCAB, SEQ, WIDTH, HEADS, ROWS = 32, 8, 64, 2, 8  # ROWS: the batch, one row per device
-DEPTHS = (4, 8, 16, 32)
+# 32 blocks joins with CEREBRAX_WSTREAM_ALL=1 (its compiles cost the suite about a
+# minute on 2 cores; it passed with the others when the streaming layout was merged).
+DEPTHS = (4, 8, 16, 32) if os.environ.get("CEREBRAX_WSTREAM_ALL") == "1" else (4, 8, 16)
 WS8 = dict(execution_mode="weight_streaming", max_wgt_servers=8)
 WS2X4 = dict(execution_mode="weight_streaming", num_csx=2, max_wgt_servers=4)
 
@@ -224,10 +227,10 @@ def test_the_program_does_not_grow_with_depth():
         bodies.append((_instructions(r["hlo"], forward.body),
                        _instructions(r["hlo"], backward.body)))
     assert all(b == bodies[0] for b in bodies), bodies
-    # Compile time: 8x the blocks, well under 8x the time (the per-parameter optimizer
-    # update is what still grows).
+    # Compile time: n times the blocks, well under n times the time (the per-parameter
+    # optimizer update is what still grows): under 5x for 8x the blocks, 2.5x for 4x.
     seconds = [r["seconds"] for r in reports]
-    assert seconds[-1] < 5 * seconds[0], seconds
+    assert seconds[-1] < 0.625 * DEPTHS[-1] / DEPTHS[0] * seconds[0], seconds
 
 
 def _instructions(hlo: str, computation: str) -> collections.Counter:
