@@ -163,6 +163,18 @@ def test_lowering_rejects_a_packet():
         torch_bridge.lowering(torch.ops.aten.relu)
 
 
+def test_lowering_rejects_an_op_name_without_its_overload():
+    with pytest.raises(TypeError, match="'namespace.op.overload', got 'transformers.gmm'"):
+        torch_bridge.lowering("transformers.gmm")
+
+
+def test_grouped_mm_of_unsupported_operands_names_the_supported_ones():
+    from torch_bridge.ops.linalg import grouped_mm
+
+    with pytest.raises(NotImplementedError, match="3-d x 3-d operands and for 2-d rows"):
+        grouped_mm(jnp.zeros((2, 3)), jnp.zeros((3, 4)))
+
+
 def test_one_export_per_mode_and_input_signature():
     model = seeded(MLP)
     conv = torch_bridge.convert(model, example_inputs=torch.zeros(2, 16))
