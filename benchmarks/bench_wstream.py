@@ -50,9 +50,10 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-import torch  # noqa: E402
 from results import write_section  # noqa: E402
-from torch import nn  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "multidevice"))
+from gpt_model import gpt  # noqa: E402
 
 import cerebrax as cstorch  # noqa: E402
 from cerebrax.wse import _run, _streaming  # noqa: E402
@@ -61,51 +62,6 @@ VOCAB, SEQ, WIDTH, HEADS, ROWS = 64, 16, 128, 4, 8
 DEPTHS = (4, 8, 16, 32)
 SERVERS = 8
 MiB = 2**20
-
-
-class Attention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
-        self.proj = nn.Linear(WIDTH, WIDTH)
-
-    def forward(self, x, mask):
-        b, t, _ = x.shape
-        q, k, v = (z.view(b, t, HEADS, WIDTH // HEADS).transpose(1, 2)
-                   for z in self.qkv(x).split(WIDTH, dim=2))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(WIDTH // HEADS)
-        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-        return self.proj((att @ v).transpose(1, 2).reshape(b, t, WIDTH))
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1, self.attn = nn.LayerNorm(WIDTH), Attention()
-        self.ln2 = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(),
-                                 nn.Linear(4 * WIDTH, WIDTH))
-
-    def forward(self, x, mask):
-        x = x + self.attn(self.ln1(x), mask)
-        return x + self.mlp(self.ln2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, blocks: int):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, WIDTH), nn.Embedding(SEQ, WIDTH)
-        self.blocks = nn.ModuleList([Block() for _ in range(blocks)])
-        self.ln_f = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-        self.head.weight = self.wte.weight
-
-    def forward(self, idx):
-        mask = torch.ones(SEQ, SEQ, dtype=torch.bool, device=idx.device).tril()
-        x = self.wte(idx) + self.wpe(torch.arange(SEQ, device=idx.device))
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.head(self.ln_f(x))
 
 
 def activation_bytes(blocks: int, rows: int) -> int:
@@ -136,8 +92,7 @@ def measure(blocks: int, name: str = "streamed") -> dict:
     cstorch.amp.set_half_dtype("float32")
     backend = cstorch.backend("CSX", cluster_config=cstorch.distributed.ClusterConfig(
         execution_mode="weight_streaming", max_wgt_servers=SERVERS))
-    torch.manual_seed(0)
-    net = GPT(blocks)
+    net = gpt(blocks, vocab=VOCAB, seq=SEQ, width=WIDTH, heads=HEADS, seed=0)
     model = cstorch.compile(net, backend)
     optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 

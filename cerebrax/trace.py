@@ -103,6 +103,7 @@ class TracedStep:
         self._state_shardings: list | None = None
         self._input_shardings: list | None = None
         self._spans_processes = False  # the wafer mesh has devices of other processes
+        self._budget_checked = False  # ClusterConfig.device_memory checked for this program
 
     # ---- input signature -------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict):
@@ -274,6 +275,8 @@ class TracedStep:
             self._build(key, treedef, backend)
         else:
             self._check_modes()
+        if backend.is_e2e_execution and not self._budget_checked:
+            self._check_memory_budget(backend, dynamic)
         states, dynamic = self._placed(dynamic)
         if not backend.is_e2e_execution:
             return self._compile_or_validate(backend, states, dynamic)
@@ -309,14 +312,38 @@ class TracedStep:
             shapes = jax.eval_shape(self._jit, states, dynamic)
             write_artifacts(backend.compile_dir, self.__name__, lowered, compiled,
                             time.perf_counter() - start)
+            report = None
             if getattr(backend, "wafer", None) is not None:
+                report = wse.report_for_compiled(self, compiled)
                 path = os.path.join(backend.compile_dir, f"{self.__name__}.memory.txt")
                 with open(path, "a") as f:
-                    f.write(wse.report_for_compiled(self, compiled).format() + "\n")
+                    f.write(report.format() + "\n")
+            budget = _device_memory(backend)
+            if budget is not None:
+                report = report or wse.report_for_compiled(self, compiled)
+                wse.check_memory_budget(report, budget, self.__name__)
         _, out_shapes, _ = shapes
         out_def, out_statics = self._out_spec
         it = iter(out_shapes)
         return jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
+
+    def _check_memory_budget(self, backend: Backend, dynamic: list) -> None:
+        """With ``ClusterConfig(device_memory=...)``: compiles the step ahead of time and
+        raises ``ConfigError`` before anything is placed or run when one device's largest
+        live set exceeds the budget (the compiled program is cached for the run)."""
+        budget = _device_memory(backend)
+        if budget is not None:
+            states = [ref._value for ref in self._refs]
+            if self._state_shardings is not None:
+                states = jax.tree.map(
+                    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                    states, self._state_shardings)
+                dynamic = [jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+                           for (shape, dtype), s in zip(self._key[2], self._input_shardings)]
+            compiled = self._jit.lower(states, dynamic).compile()
+            wse.check_memory_budget(wse.report_for_compiled(self, compiled), budget,
+                                    self.__name__)
+        self._budget_checked = True
 
     def lower(self, *args: Any, **kwargs: Any):
         """Lowers the step for these inputs (``jax.stages.Lowered``), running nothing."""
@@ -365,6 +392,11 @@ def write_artifacts(directory: str, name: str, lowered: Any, compiled: Any, seco
         f.write("\n".join(lines) + "\n")
     what = what or f"`{name}`"
     print(f"[cerebrax] compiled {what} in {seconds:.2f} s; artifacts in {directory}")
+
+
+def _device_memory(backend: Any) -> int | None:
+    """The backend's per-device memory budget in bytes (ClusterConfig.device_memory)."""
+    return getattr(getattr(backend, "cluster_config", None), "device_memory", None)
 
 
 def _torch_inputs(torch_dtypes: tuple, refs: list) -> Callable[[list], list]:

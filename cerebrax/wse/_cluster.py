@@ -6,12 +6,17 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import pydantic
+
 from .._filters import check_int
 from ..errors import ConfigError
 
-__all__ = ["APPLIANCE_FIELDS", "ClusterConfig", "EXECUTION_MODES"]
+__all__ = ["APPLIANCE_FIELDS", "ClusterConfig", "EXECUTION_MODES", "PIPELINE_SCHEDULES",
+           "parse_bytes"]
 
 EXECUTION_MODES = ("weight_streaming", "pipeline", "replica", "sharded")
+# How pipeline mode orders its ticks (see cerebrax.wse._pipeline).
+PIPELINE_SCHEDULES = ("gpipe", "circular")
 # The cstorch.compile backend strings that select an execution mode.
 MODE_ALIASES = {
     "wse_ws": "weight_streaming",
@@ -85,6 +90,11 @@ class ClusterConfig:
     num_stages: int | None = None
     num_replicas: int | None = None
     micro_batch_size: int | None = None
+    # cerebrax's own fields (not in cstorch): the pipeline schedule and a per-device
+    # memory budget checked before a step runs.
+    pipeline_schedule: str = "gpipe"
+    pipeline_repeats: int | None = None
+    device_memory: int | str | None = None
     # cstorch 2.10's appliance fields: accepted and recorded, not applied.
     mgmt_address: str | None = None
     mgmt_namespace: str | None = None
@@ -141,6 +151,10 @@ class ClusterConfig:
                 f"ClusterConfig.num_replicas={self.num_replicas} only applies to "
                 f"execution_mode='replica', not {mode!r}."
             )
+        self._check_pipeline_schedule(mode)
+        if self.device_memory is not None:
+            object.__setattr__(self, "device_memory", parse_bytes(
+                self.device_memory, "ClusterConfig.device_memory"))
         for name in ("mgmt_address", "mgmt_namespace", "credentials_path", "cbcore_image",
                      "job_priority", "workflow_id"):
             _check_optional(name, getattr(self, name), str, "a string")
@@ -148,6 +162,26 @@ class ClusterConfig:
                      "disable_version_check"):
             _check_optional(name, getattr(self, name), bool, "a bool")
         _check_int("job_time_sec", self.job_time_sec, 0, optional=True)
+
+    def _check_pipeline_schedule(self, mode: str) -> None:
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(
+                f"ClusterConfig.pipeline_schedule must be one of {PIPELINE_SCHEDULES}, "
+                f"got {self.pipeline_schedule!r}."
+            )
+        _check_int("pipeline_repeats", self.pipeline_repeats, 1, optional=True)
+        if self.pipeline_schedule != "gpipe" and mode != "pipeline":
+            raise ConfigError(
+                f"ClusterConfig.pipeline_schedule={self.pipeline_schedule!r} only applies "
+                f"to execution_mode='pipeline', not {mode!r}."
+            )
+        if self.pipeline_repeats is not None and self.pipeline_schedule != "circular":
+            raise ConfigError(
+                f"ClusterConfig.pipeline_repeats={self.pipeline_repeats} (layer chunks per "
+                f"stage device) only applies to pipeline_schedule='circular', not "
+                f"{self.pipeline_schedule!r}. Fix: add pipeline_schedule='circular' or drop "
+                "pipeline_repeats."
+            )
 
     def appliance_settings(self) -> dict[str, Any]:
         """The appliance fields that were set (recorded, not applied by cerebrax)."""
@@ -160,6 +194,26 @@ APPLIANCE_FIELDS = ("mgmt_address", "mgmt_namespace", "credentials_path", "cbcor
                     "job_priority", "job_time_sec", "automount", "mount_all",
                     "disable_mount_check", "disable_version_check", "workflow_id",
                     "notifications")
+
+
+def parse_bytes(value: object, name: str) -> int:
+    """A byte count from an int or a size string (``"16GiB"``, ``"512 MB"``, ``"2e9"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{name} must be a byte count or a size string such as "
+                          f"'16GiB', got {value!r}.")
+    try:
+        size = int(_BYTE_SIZE.validate_python(value))
+    except pydantic.ValidationError:
+        raise ConfigError(
+            f"{name}={value!r} is not a size. Fix: give bytes as an int or a string "
+            "such as '16GiB', '512MiB' or '8GB' (GiB/MiB are powers of 2, GB/MB of 10)."
+        ) from None
+    if size <= 0:
+        raise ConfigError(f"{name} must be positive, got {value!r}.")
+    return size
+
+
+_BYTE_SIZE = pydantic.TypeAdapter(pydantic.ByteSize)
 
 
 def _check_optional(name: str, value: object, kind: type, what: str) -> None:

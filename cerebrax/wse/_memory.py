@@ -1,4 +1,10 @@
-"""Per-device memory of a traced step on the wafer (or on one device)."""
+"""Per-device memory of a traced step on the wafer (or on one device), and the budget.
+
+:func:`memory_report` compiles a step ahead of time and reads XLA's memory analysis of
+the per-device program. :func:`check_memory_budget` turns a report into the
+``ConfigError`` a run with ``ClusterConfig(device_memory=...)`` gets before it starts
+when the layout does not fit.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ import jax
 import numpy as np
 
 from .. import _state
+from ..errors import ConfigError
 
-__all__ = ["MemoryReport", "memory_report", "report_for_compiled"]
+__all__ = ["MemoryReport", "check_memory_budget", "memory_report", "report_for_compiled"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +26,9 @@ class MemoryReport:
 
     ``temp_bytes`` and the other ``xla_*`` fields come from XLA's compiled memory
     analysis of the per-device program (None where the platform gives none).
+    ``peak_bytes`` bounds the largest live set of one device while the step runs:
+    XLA's arguments plus its temporaries plus the outputs that do not reuse an
+    argument's buffer (the state is donated, so a step's new state reuses the old).
     """
 
     num_devices: int
@@ -32,6 +42,7 @@ class MemoryReport:
     temp_bytes: int | None
     xla_argument_bytes: int | None
     xla_output_bytes: int | None
+    peak_bytes: int | None = None
 
     @property
     def weight_and_optimizer_bytes(self) -> int:
@@ -51,6 +62,7 @@ class MemoryReport:
             f"  XLA temporaries:  {mib(self.temp_bytes)}",
             f"  XLA arguments:    {mib(self.xla_argument_bytes)}",
             f"  XLA outputs:      {mib(self.xla_output_bytes)}",
+            f"  peak (arguments + temporaries + new outputs): {mib(self.peak_bytes)}",
         ]
         return "\n".join(rows)
 
@@ -66,12 +78,12 @@ def _optimizer_ref_ids() -> set[int]:
     return ids
 
 
-def _leaf_bytes(leaf: Any, per_device: bool) -> int:
+def _leaf_bytes(leaf: Any, sharding: Any = None) -> int:
+    """Bytes of ``leaf``, or of one device's shard under ``sharding``."""
     if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
         leaf = jax.random.key_data(leaf)
     shape = tuple(leaf.shape)
-    sharding = getattr(leaf, "sharding", None)
-    if per_device and shape and sharding is not None:
+    if sharding is not None and shape:
         shape = sharding.shard_shape(shape)
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
 
@@ -95,14 +107,22 @@ def report_for_compiled(step: Any, compiled: Any) -> MemoryReport:
     wafer = getattr(backend, "wafer", None)
     opt_ids = _optimizer_ref_ids()
     params = optimizer = other = params_total = optimizer_total = largest = 0
-    for ref in step._refs:
+    # The layout's shardings where the step has one (the state may not be placed yet:
+    # a budget check runs before it is); else the devices the values are on.
+    shardings = step._state_shardings or [
+        jax.tree.map(lambda x: getattr(x, "sharding", None), ref._value)
+        for ref in step._refs]
+    for ref, ref_shardings in zip(step._refs, shardings):
         leaves = jax.tree.leaves(ref._value)
-        local = sum(_leaf_bytes(x, True) for x in leaves)
-        total = sum(_leaf_bytes(x, False) for x in leaves)
+        per_leaf = jax.tree.leaves(ref_shardings, is_leaf=lambda s: s is None)
+        if len(per_leaf) != len(leaves):
+            per_leaf = [None] * len(leaves)
+        local = sum(_leaf_bytes(x, s) for x, s in zip(leaves, per_leaf))
+        total = sum(_leaf_bytes(x) for x in leaves)
         if isinstance(ref, _state.Parameter):
             params += local
             params_total += total
-            largest = max([largest] + [_leaf_bytes(x, False) for x in leaves])
+            largest = max([largest] + [_leaf_bytes(x) for x in leaves])
         elif id(ref) in opt_ids:
             optimizer += local
             optimizer_total += total
@@ -126,4 +146,57 @@ def report_for_compiled(step: Any, compiled: Any) -> MemoryReport:
         temp_bytes=field("temp_size_in_bytes"),
         xla_argument_bytes=field("argument_size_in_bytes"),
         xla_output_bytes=field("output_size_in_bytes"),
+        peak_bytes=_peak(field),
     )
+
+
+def _peak(field: Any) -> int | None:
+    """Arguments + temporaries + the outputs that do not reuse an argument's buffer."""
+    parts = [field(n) for n in ("argument_size_in_bytes", "temp_size_in_bytes",
+                                "output_size_in_bytes", "alias_size_in_bytes")]
+    if parts[0] is None or parts[1] is None:
+        return None
+    args, temps, outs, alias = (p or 0 for p in parts)
+    return args + temps + max(outs - alias, 0)
+
+
+def check_memory_budget(report: MemoryReport, budget: int,
+                        step_name: str = "step") -> None:
+    """Raises ``ConfigError`` when one device's peak (see MemoryReport) exceeds ``budget``.
+
+    The message gives the per-device breakdown and the layouts that would fit the
+    parameters and optimizer state (weight streaming over more servers), computed from
+    the report's totals (a starting point: the new layout's own compile is checked).
+    """
+    peak = report.peak_bytes
+    if peak is None or peak <= budget:
+        return
+    state_total = report.params_total_bytes + report.optimizer_total_bytes
+    fixes = []
+    if state_total > 0:
+        # Leave half of the budget for what does not shard (activations, temporaries):
+        # a starting point, checked by this same analysis when the new layout compiles.
+        servers = max(-(-2 * state_total // budget), 2)
+        if report.mode not in ("weight_streaming", "sharded") or servers > report.num_devices:
+            fixes.append(
+                f"execution_mode='weight_streaming' with max_wgt_servers >= {servers} "
+                f"(parameters and optimizer state split over the servers: "
+                f"{_mib(state_total / servers)} of them per device)")
+    fixes.append("a smaller batch, or ClusterConfig(micro_batch_size=...) so that each "
+                 "model call holds fewer activations")
+    fixes.append(f"a larger device_memory, if the devices have it (at least {_mib(peak)})")
+    raise ConfigError(
+        f"The traced step `{step_name}` needs {_mib(peak)} per device, more than "
+        f"ClusterConfig(device_memory={_mib(budget)}) allows, in the "
+        f"{report.mode!r} layout on {report.num_devices} device(s). Per device: "
+        f"parameters {_mib(report.params_bytes)} (of {_mib(report.params_total_bytes)}), "
+        f"optimizer state {_mib(report.optimizer_bytes)} "
+        f"(of {_mib(report.optimizer_total_bytes)}), XLA temporaries "
+        f"{_mib(report.temp_bytes)}, peak {_mib(peak)} (arguments + temporaries + new "
+        f"outputs, from XLA's memory analysis of the compiled step; nothing ran). Fix: "
+        + "; or ".join(fixes) + "."
+    )
+
+
+def _mib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**20:.2f} MiB"

@@ -23,12 +23,16 @@ class Wafer:
     """A mesh ``(num_csx, inner)`` with axes ``("csx", "replica" | "wgt" | "stage")``.
 
     ``micro_batch_size`` is the pipeline's micro-batch (None: ``num_stages``
-    micro-batches per system); it is None in the other modes.
+    micro-batches per system); it is None in the other modes. ``schedule`` and
+    ``repeats`` are the pipeline's ``ClusterConfig.pipeline_schedule`` and
+    ``pipeline_repeats`` (pipeline mode only).
     """
 
     mesh: Mesh
     mode: str
     micro_batch_size: int | None = None
+    schedule: str = "gpipe"
+    repeats: int | None = None
 
     @property
     def inner_axis(self) -> str:
@@ -106,5 +110,7 @@ def build_wafer(cluster: ClusterConfig,
     if needed == 1:
         return None
     grid = np.array(devices[:needed], dtype=object).reshape(csx, inner)
-    micro = cluster.micro_batch_size if mode == "pipeline" else None
-    return Wafer(Mesh(grid, ("csx", axis)), mode, micro)
+    if mode == "pipeline":
+        return Wafer(Mesh(grid, ("csx", axis)), mode, cluster.micro_batch_size,
+                     cluster.pipeline_schedule, cluster.pipeline_repeats)
+    return Wafer(Mesh(grid, ("csx", axis)), mode)

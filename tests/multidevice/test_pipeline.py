@@ -22,12 +22,12 @@ Run in its own process:
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gpt_model import gpt
 from helpers import (
     batches,
     fresh_backend,
@@ -92,64 +92,8 @@ def _cnn(seed: int = 0):
 VOCAB, BLOCK, WIDTH, HEADS = 32, 8, 16, 2
 
 
-@functools.cache
-def _gpt_class():
-    import torch
-    from torch import nn
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            # No qkv bias: the key bias has a zero gradient (softmax ignores a shift per
-            # query), so AdamW would turn its rounding noise into full-size steps.
-            self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
-            self.proj = nn.Linear(WIDTH, WIDTH)
-
-        def forward(self, x, mask):
-            b, t, _ = x.shape
-            q, k, v = (z.view(b, t, HEADS, WIDTH // HEADS).transpose(1, 2)
-                       for z in self.qkv(x).split(WIDTH, dim=2))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(WIDTH // HEADS)
-            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-            return self.proj((att @ v).transpose(1, 2).reshape(b, t, WIDTH))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.attn = nn.LayerNorm(WIDTH), Attention()
-            self.ln2 = nn.LayerNorm(WIDTH)
-            self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(),
-                                     nn.Linear(4 * WIDTH, WIDTH))
-
-        def forward(self, x, mask):
-            x = x + self.attn(self.ln1(x), mask)
-            return x + self.mlp(self.ln2(x))
-
-    class GPT(nn.Module):
-        def __init__(self, layers: int = 3):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(VOCAB, WIDTH), nn.Embedding(BLOCK, WIDTH)
-            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
-            self.ln_f = nn.LayerNorm(WIDTH)
-            self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-            self.head.weight = self.wte.weight  # tied: used by the first and last stage
-
-        def forward(self, idx):
-            # The causal mask crosses every stage boundary next to the residual stream.
-            mask = torch.ones(BLOCK, BLOCK, dtype=torch.bool, device=idx.device).tril()
-            x = self.wte(idx) + self.wpe(torch.arange(BLOCK, device=idx.device))
-            for block in self.blocks:
-                x = block(x, mask)
-            return self.head(self.ln_f(x))
-
-    return GPT
-
-
-def _gpt(seed: int = 0):
-    import torch
-
-    torch.manual_seed(seed)
-    return _gpt_class()()
+def _gpt(seed: int = 0, layers: int = 3):
+    return gpt(layers, vocab=VOCAB, seq=BLOCK, width=WIDTH, heads=HEADS, seed=seed)
 
 
 def _model(kind: str, pipelined: bool):

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import fresh_backend, rel_err, xent
+from gpt_model import gpt
 
 import cerebrax as cstorch
 
@@ -44,64 +45,8 @@ WS2X4 = dict(execution_mode="weight_streaming", num_csx=2, max_wgt_servers=4)
 
 
 # ---- the model --------------------------------------------------------------------------
-@functools.cache
-def _gpt_class():
-    import torch
-    from torch import nn
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            # No qkv bias: the key bias has a zero gradient (softmax ignores a shift per
-            # query), so AdamW would turn its rounding noise into full-size steps.
-            self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
-            self.proj = nn.Linear(WIDTH, WIDTH)
-
-        def forward(self, x, mask):
-            b, t, _ = x.shape
-            q, k, v = (z.view(b, t, HEADS, WIDTH // HEADS).transpose(1, 2)
-                       for z in self.qkv(x).split(WIDTH, dim=2))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(WIDTH // HEADS)
-            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
-            return self.proj((att @ v).transpose(1, 2).reshape(b, t, WIDTH))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.attn = nn.LayerNorm(WIDTH), Attention()
-            self.ln2 = nn.LayerNorm(WIDTH)
-            self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(),
-                                     nn.Linear(4 * WIDTH, WIDTH))
-
-        def forward(self, x, mask):
-            x = x + self.attn(self.ln1(x), mask)
-            return x + self.mlp(self.ln2(x))
-
-    class GPT(nn.Module):
-        def __init__(self, blocks: int):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(VOCAB, WIDTH), nn.Embedding(SEQ, WIDTH)
-            self.blocks = nn.ModuleList([Block() for _ in range(blocks)])
-            self.ln_f = nn.LayerNorm(WIDTH)
-            self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-            self.head.weight = self.wte.weight  # tied
-
-        def forward(self, idx):
-            # The causal mask is carried through every block, unchanged.
-            mask = torch.ones(SEQ, SEQ, dtype=torch.bool, device=idx.device).tril()
-            x = self.wte(idx) + self.wpe(torch.arange(SEQ, device=idx.device))
-            for block in self.blocks:
-                x = block(x, mask)
-            return self.head(self.ln_f(x))
-
-    return GPT
-
-
 def _gpt(blocks: int, seed: int = 0):
-    import torch
-
-    torch.manual_seed(seed)
-    return _gpt_class()(blocks)
+    return gpt(blocks, vocab=VOCAB, seq=SEQ, width=WIDTH, heads=HEADS, seed=seed)
 
 
 def _loss(logits, y):
