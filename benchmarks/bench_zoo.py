@@ -17,6 +17,7 @@ Targets: time to first step <= 1.5x torch.compile's; peak <= 4x parameter bytes 
 
     nice python benchmarks/bench_zoo.py               # every case, both modes
     python benchmarks/bench_zoo.py --cases gpt2,resnet18 --modes train --no-write
+    python benchmarks/bench_zoo.py --cases efficientnet_b0 --modes train --redo
 
 A full run takes hours on a small machine (torch.compile builds C++ for every model), so
 each finished row is kept in ``benchmarks/zoo_rows.json`` with the load average it ran
@@ -173,6 +174,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--fresh", action="store_true", help="forget the kept rows")
+    parser.add_argument("--redo", action="store_true",
+                        help="measure the --cases again, replacing their kept rows")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)), flush=True)
@@ -184,6 +187,8 @@ def main() -> None:
     print(header, flush=True)
     kept = {} if args.fresh or args.no_write or not ROWS.exists() else {
         (r["model"], r["mode"]): r for r in json.loads(ROWS.read_text())}
+    if args.redo:
+        kept = {k: r for k, r in kept.items() if k[0] not in names}
     rows = []
     for name in names:
         for mode in args.modes.split(","):

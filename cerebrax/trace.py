@@ -312,15 +312,12 @@ class TracedStep:
             shapes = jax.eval_shape(self._jit, states, dynamic)
             write_artifacts(backend.compile_dir, self.__name__, lowered, compiled,
                             time.perf_counter() - start)
-            report = None
-            if getattr(backend, "wafer", None) is not None:
-                report = wse.report_for_compiled(self, compiled)
-                path = os.path.join(backend.compile_dir, f"{self.__name__}.memory.txt")
-                with open(path, "a") as f:
-                    f.write(report.format() + "\n")
+            report = wse.report_for_compiled(self, compiled)
+            path = os.path.join(backend.compile_dir, f"{self.__name__}.memory.txt")
+            with open(path, "a") as f:
+                f.write(report.format() + "\n")
             budget = _device_memory(backend)
             if budget is not None:
-                report = report or wse.report_for_compiled(self, compiled)
                 wse.check_memory_budget(report, budget, self.__name__)
         _, out_shapes, _ = shapes
         out_def, out_statics = self._out_spec

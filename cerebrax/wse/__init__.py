@@ -32,12 +32,13 @@ from ._layout import Layout
 from ._memory import MemoryReport, check_memory_budget, memory_report, report_for_compiled
 from ._mesh import Wafer, build_wafer
 from ._micro import micro_batched_apply
-from ._pipeline import Layers, Stage, pipelined_apply, split_layers
+from ._pipeline import Layers, Stage, pipelined_apply, recording_schedule, split_layers
 from ._run import run_model
 from ._streaming import streamed_apply as streamed_apply
 
-__all__ = ["EXECUTION_MODES", "MODE_ALIASES", "ClusterConfig", "Collective",
-           "CollectiveReport", "Layers", "Layout", "Loop", "MemoryReport", "Stage", "Wafer",
-           "build_wafer", "check_memory_budget", "collective_report", "memory_report", "micro_batched_apply",
-           "parse_collectives", "pipelined_apply", "report_for_compiled", "run_model",
-           "split_layers", "streamed_apply"]
+__all__ = ["EXECUTION_MODES", "MODE_ALIASES", "ClusterConfig", "Collective", "CollectiveReport",
+           "Layers", "Layout", "Loop", "MemoryReport", "Stage", "Wafer", "build_wafer",
+           "check_memory_budget", "collective_report", "memory_report",
+           "micro_batched_apply", "parse_collectives", "pipelined_apply",
+           "recording_schedule", "report_for_compiled", "run_model", "split_layers",
+           "streamed_apply"]

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import ConfigError
-from ._pipeline import _batch_of, _is_split_input, _micro_batches
+from ._inputs import _batch_of, _is_split_input, _micro_batches
 
 __all__ = ["micro_batched_apply"]
 

@@ -1,32 +1,53 @@
-"""Layer-pipelined execution: a GPipe schedule on the wafer's ``(csx, stage)`` mesh.
+"""Layer-pipelined execution: GPipe and circular schedules on the ``(csx, stage)`` mesh.
 
 A model in pipeline mode describes itself as :class:`Layers`: an ordered list of
 layers (a torch child module such as ``blocks.0``, one entry of a
 ``FunctionalModel(layers=...)``, one module of an ``nnx.Sequential``) and a way to run
-any contiguous range of them. :func:`split_layers` cuts the list into ``num_stages``
-contiguous stages of about equal cost (a layer is never cut). :func:`pipelined_apply`
-then runs one model call as a GPipe schedule inside ``jax.shard_map``:
+any contiguous range of them. :func:`split_layers` cuts the list into contiguous
+*virtual stages* of about equal cost (a layer is never cut). :func:`pipelined_apply`
+then runs one model call as a pipeline schedule inside ``jax.shard_map``. With ``S``
+stage devices, ``M`` micro-batches and ``V`` virtual stages per device
+(``ClusterConfig.pipeline_schedule``):
+
+- ``"gpipe"`` (``V = 1``): ``S`` virtual stages, device ``s`` runs stage ``s``;
+- ``"circular"`` (``V = pipeline_repeats``, default 2; as MaxText's and praxis'
+  circular pipelining): ``S * V`` virtual stages, device ``s`` runs stages
+  ``s, s + S, ..., s + (V - 1) * S``, so every micro-batch goes round the ring of
+  devices ``V`` times. ``M`` must be a multiple of ``S``.
+
+Both are one schedule, in which micro-batch ``m`` runs its repeat ``v`` (virtual stage
+``v * S + s``) on device ``s`` at tick
+
+    t = (m mod S) + (m div S) * S * V + v * S + s,
+
+for ``M * V + S - 1`` ticks (``V = 1``: ``t = m + s``, GPipe). Micro-batches go round the
+ring in groups of ``S``: a group fills the ring for ``S * V`` ticks, then the next one
+follows. Every device is idle ``S - 1`` ticks per step, the bubble
+``(S - 1) / (M * V + S - 1)`` in units of one virtual stage's work (GPipe:
+``(S - 1) / (M + S - 1)``). In detail:
 
 - the batch is split over ``"csx"`` (each system gets ``B / num_csx`` rows) and, inside a
   system, into ``M`` micro-batches of ``micro_batch_size`` rows;
-- device ``s`` of the ``"stage"`` axis holds only stage ``s``'s parameters (packed per
-  stage into one flat vector per dtype, the ``[num_stages, width]`` array is split over
-  ``"stage"``) and runs only stage ``s``, chosen by ``jax.lax.switch`` on its axis index;
-- at tick ``t`` (``M + S - 1`` ticks) stage ``s`` runs micro-batch ``t - s`` if there is
-  one and idles otherwise (the bubble); the values crossing a stage boundary (the
-  carry: one or several arrays of any dtype) are packed into one padded flat buffer per
-  dtype and move to the next stage with ``jax.lax.ppermute``;
-- the last stage's outputs are collected per micro-batch and summed over ``"stage"``
-  (only the last stage contributes), giving the full batch back to the caller.
+- device ``s`` of the ``"stage"`` axis holds only its virtual stages' parameters
+  (packed per virtual stage into one flat vector per dtype; the ``[S, V, width]`` array
+  is split over ``"stage"``) and at each tick runs one of them, chosen by
+  ``jax.lax.switch`` on the stage it is due to run, or idles (the bubble);
+- the values crossing a stage boundary (the carry: one or several arrays of any dtype)
+  are packed into one padded flat buffer per dtype and move to the next device with
+  ``jax.lax.ppermute`` (circular: device ``S - 1`` sends to device 0, which starts the
+  micro-batch's next repeat one tick later);
+- the last virtual stage's outputs are collected per micro-batch and summed over
+  ``"stage"`` (only device ``S - 1`` contributes), giving the full batch back.
 
 The loss is computed by the user's step on those outputs as usual. Differentiating the
 step (the trace runtime's one ``jax.vjp``) transposes the schedule: the backward runs
-the ticks in reverse, ``ppermute`` sends cotangents to the previous stage, and the
+the ticks in reverse, ``ppermute`` sends cotangents to the previous device, and the
 gradient of a parameter used by two stages (a tied weight) is the sum of both. Forward
-of all micro-batches, then backward of all of them: the GPipe schedule. Everything is
-part of the one jitted step program.
+of all micro-batches, then backward of all of them. Everything is part of the one
+jitted step program. :func:`recording_schedule` makes the program also report which
+virtual stage and micro-batch each device ran at each tick (tests, benchmarks).
 
-Semantics that differ from one device:
+Semantics that differ from one device (the same for both schedules):
 
 - Each stage normalizes with the statistics of the micro-batch it sees (BatchNorm in
   train mode), and updates its buffers (running statistics) once per micro-batch, in
@@ -39,15 +60,16 @@ Semantics that differ from one device:
 
 Parameters stay replicated in the traced step's state (the optimizer sees them under
 their usual names); the per-stage packing happens inside the program, so during the
-forward and backward pass each device holds and computes with its own stage only.
+forward and backward pass each device holds and computes with its own stages only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -56,11 +78,16 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from .._filters import is_array
 from ..errors import ConfigError
+from ._inputs import (
+    _check_circular_micro_batches,
+    _fold_key,
+    _key_data,
+    _MicroBatchedInputs,
+)
 from ._mesh import Wafer
 
-__all__ = ["Layers", "Stage", "pipelined_apply", "split_layers"]
+__all__ = ["Layers", "Stage", "pipelined_apply", "recording_schedule", "split_layers"]
 
 # stage_fn(params, buffers, carry, args, kwargs, key) -> (carry_out, buffer_updates).
 # The first stage gets carry=None; the last one returns the model's outputs.
@@ -152,12 +179,13 @@ def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
                     micro_batch_size: int | None,
                     params: dict, buffers: dict, args: tuple, kwargs: dict, *,
                     key: Any = None) -> tuple[Any, dict]:
-    """Runs one model call as a GPipe schedule on ``wafer`` (see the module docstring).
+    """Runs one model call as the wafer's pipeline schedule (see the module docstring).
 
     Args:
       layers_for: ``layers_for(args, kwargs)`` gives the model's :class:`Layers` for
         inputs like one micro-batch's (array leaves as ``jax.ShapeDtypeStruct``).
-      wafer: a pipeline :class:`Wafer` (mesh axes ``("csx", "stage")``).
+      wafer: a pipeline :class:`Wafer` (mesh axes ``("csx", "stage")``); its
+        ``schedule`` (``"gpipe"`` or ``"circular"``) and ``repeats`` choose the schedule.
       micro_batch_size: rows per micro-batch; None gives ``num_stages`` micro-batches.
       params, buffers: the model's state by name (arrays or tracers).
       args, kwargs: the model's inputs; every array leaf is split along dim 0.
@@ -167,135 +195,53 @@ def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
       ``(outputs, new_buffers)`` like a ``ModelAdapter.apply``.
     """
     inputs = _MicroBatchedInputs.of(args, kwargs, wafer.mesh, micro_batch_size)
+    if wafer.schedule == "circular":
+        _check_circular_micro_batches(inputs, wafer.mesh, micro_batch_size)
     key_data, typed_key = _key_data(key)
-    plan = _plan(layers_for, wafer.mesh, inputs, params, buffers, key_data, typed_key)
+    plan = _plan(layers_for, wafer, inputs, params, buffers, key_data, typed_key)
     packed_params, packed_buffers = _pack_state(plan, params, buffers)
-    outs, new_rows = _run_schedule(plan, packed_params, packed_buffers, key_data)
+    records = _RECORDING[-1] if _RECORDING else None
+    outs, new_rows, ran = _run_schedule(plan, packed_params, packed_buffers, key_data,
+                                        record=records is not None)
+    if records is not None:
+        # A host callback when the program runs: the schedule each device executed.
+        jax.debug.callback(functools.partial(_append_record, records), ran)
     return _gather_outputs(plan, outs), _new_buffers(plan, buffers, new_rows)
 
 
-# ---- the call's inputs: micro-batches and key -------------------------------------------
-def _is_split_input(x: Any) -> bool:
-    """Whether a model input leaf is split into micro-batches: an array, not a numpy scalar."""
-    # A numpy scalar (np.float32(0.5) written in the step) goes to every micro-batch as
-    # it is, like a Python number.
-    return is_array(x) and not isinstance(x, np.generic)
+# ---- recording what ran -----------------------------------------------------------------
+# The lists of the open recording_schedule() contexts, innermost last.
+_RECORDING: list[list[np.ndarray]] = []
 
 
-def _batch_of(leaves: list, names: list[str], what: str = "Pipeline mode") -> int:
-    """The rows of the call: the first dimension every split input shares (ConfigError)."""
-    arrays = [(n, x) for n, x in zip(names, leaves) if _is_split_input(x)]
-    if not arrays or not arrays[0][1].shape:
-        raise ConfigError(
-            f"{what} splits the model's inputs into micro-batches along their first "
-            "dimension, but the model was called without a batched array input."
-        )
-    batch = arrays[0][1].shape[0]
-    for name, x in arrays:
-        if not x.shape or x.shape[0] != batch:
-            raise ConfigError(
-                f"{what} splits every array input of the model along its first "
-                f"dimension (the batch, {batch} rows in `{arrays[0][0]}`), but model input "
-                f"`{name}` has shape {tuple(x.shape)}. Fix: pass per-example arrays only; "
-                "capture other arrays in the model instead."
-            )
-    return batch
+@contextlib.contextmanager
+def recording_schedule() -> Iterator[list[np.ndarray]]:
+    """Pipelined calls traced inside report, each time they run, what every device ran.
 
+    For tests and benchmarks; calls traced outside run without it. Yields a list to
+    which every run of such a call appends an int32 array
+    ``[num_csx, num_stages, ticks, 2]``: at tick ``t`` device ``(c, s)`` ran virtual
+    stage ``[c, s, t, 0]`` on micro-batch ``[c, s, t, 1]``, or idled (both -1). The
+    values come from the executed program: each branch of the schedule's switch
+    reports its own stage.
 
-def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int,
-                   what: str = "Pipeline mode") -> int:
-    """How many micro-batches each system's rows make (ConfigError where they don't split)."""
-    if batch % num_csx:
-        raise ConfigError(
-            f"The model's batch of {batch} rows cannot be split over num_csx={num_csx} "
-            f"systems. Fix: use a batch size divisible by {num_csx}."
-        )
-    per_system = batch // num_csx
-    if micro is None:
-        if per_system % num_stages:
-            raise ConfigError(
-                f"ClusterConfig(micro_batch_size=None) splits each system's batch "
-                f"({per_system} rows) into num_stages={num_stages} micro-batches, which "
-                f"does not divide it. Fix: set micro_batch_size to a divisor of "
-                f"{per_system}, or use a batch size divisible by num_csx x num_stages = "
-                f"{num_csx * num_stages}."
-            )
-        return num_stages
-    if per_system % micro:
-        divisors = [d for d in range(1, per_system + 1) if per_system % d == 0]
-        raise ConfigError(
-            f"{what} splits each system's batch into micro-batches of "
-            f"micro_batch_size={micro} rows, but a system gets {per_system} rows "
-            f"(batch {batch} / num_csx {num_csx}), which {micro} does not divide. Fix: "
-            f"use a batch size divisible by num_csx x micro_batch_size = {num_csx * micro} "
-            f"(e.g. {num_csx * micro * max(per_system // micro, 1)}), or a micro_batch_size "
-            f"that divides {per_system} (one of {divisors})."
-        )
-    return per_system // micro
+    Example (``step`` traced and run inside)::
 
-
-@dataclasses.dataclass(frozen=True)
-class _MicroBatchedInputs:
-    """The model call's inputs as flat leaves, and how they split into micro-batches.
-
-    Attributes:
-      leaves, treedef: ``jax.tree.flatten((args, kwargs))``.
-      split: indexes of the leaves split along dim 0 (the arrays); others stay as they are.
-      batch: rows of the whole call.
-      count: micro-batches per system (``M``).
-      rows: rows per micro-batch.
+        with recording_schedule() as records:
+            step(x, y)
+        idle = (records[-1][..., 0] < 0).mean()
     """
-
-    leaves: tuple
-    treedef: Any
-    split: tuple[int, ...]
-    batch: int
-    count: int
-    rows: int
-
-    @classmethod
-    def of(cls, args: tuple, kwargs: dict, mesh: Mesh, micro_batch_size: int | None
-           ) -> _MicroBatchedInputs:
-        """Flattens the inputs and checks that the batch splits (ConfigError otherwise)."""
-        leaves, treedef = jax.tree.flatten((args, kwargs))
-        names = ["inputs" + jax.tree_util.keystr(p)
-                 for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
-        num_csx, num_stages = mesh.shape["csx"], mesh.shape["stage"]
-        batch = _batch_of(leaves, names)
-        count = _micro_batches(batch, num_csx, micro_batch_size, num_stages)
-        split = tuple(i for i, x in enumerate(leaves) if _is_split_input(x))
-        return cls(tuple(leaves), treedef, split, batch, count, batch // num_csx // count)
-
-    def arrays(self) -> list:
-        """The leaves that are split, whole (``[batch, ...]``)."""
-        return [self.leaves[i] for i in self.split]
-
-    def abstract(self) -> list[jax.ShapeDtypeStruct]:
-        """Shapes and dtypes of the split leaves for one micro-batch."""
-        return [jax.ShapeDtypeStruct((self.rows, *self.leaves[i].shape[1:]),
-                                     self.leaves[i].dtype) for i in self.split]
-
-    def rebuild(self, arrays: list) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` with the split leaves replaced by ``arrays``."""
-        full = list(self.leaves)
-        for i, x in zip(self.split, arrays):
-            full[i] = x
-        return jax.tree.unflatten(self.treedef, full)
+    records: list[np.ndarray] = []
+    _RECORDING.append(records)
+    try:
+        yield records
+    finally:
+        _RECORDING.remove(records)
 
 
-def _key_data(key: Any) -> tuple[Any, bool]:
-    """``(raw key data or None, whether key is a typed key)``: raw data crosses shard_map."""
-    typed = key is not None and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-    data = None if key is None else (jax.random.key_data(key) if typed else key)
-    return data, typed
-
-
-def _fold_key(key_data: Any, typed: bool, index: Any) -> Any:
-    """``fold_in(key, index)`` for the key behind ``key_data``; None without a key."""
-    if key_data is None:
-        return None
-    k = jax.random.wrap_key_data(key_data) if typed else key_data
-    return jax.random.fold_in(k, index)
+def _append_record(records: list[np.ndarray], ran: Any) -> None:
+    """The host side of the recording callback."""
+    records.append(np.asarray(ran))
 
 
 # ---- the plan: stages and the layouts of their state and carries ------------------------
@@ -303,7 +249,8 @@ def _fold_key(key_data: Any, typed: bool, index: Any) -> Any:
 class _PipelinePlan:
     """Everything about one pipelined call that is fixed before its schedule is traced.
 
-    Stage ``k`` runs ``stages[k]``. Its parameters, its buffers and the carry it sends to
+    Virtual stage ``k`` runs ``stages[k]`` on device ``k % num_stages`` (its chunk
+    ``k // num_stages`` there). Its parameters, its buffers and the carry it sends to
     stage ``k + 1`` (the last stage: the model's outputs) are packed by
     ``param_flats[k]``, ``buffer_flats[k]`` and ``carry_flats[k]`` into one flat vector
     per dtype, of the width ``*_widths`` gives (the largest over all stages).
@@ -312,6 +259,7 @@ class _PipelinePlan:
     mesh: Mesh
     inputs: _MicroBatchedInputs
     typed_key: bool
+    repeats: int  # V: virtual stages per device (GPipe: 1)
     stages: tuple[Stage, ...]
     carry_defs: tuple  # treedef of what stage k sends
     carry_flats: tuple[_Flat, ...]
@@ -328,13 +276,18 @@ class _PipelinePlan:
 
     @property
     def num_stages(self) -> int:
-        """Pipeline stages (mesh axis ``"stage"``)."""
+        """Pipeline stage devices (mesh axis ``"stage"``)."""
         return self.mesh.shape["stage"]
 
     @property
     def last(self) -> int:
-        """The index of the last stage (the one producing the outputs)."""
-        return self.num_stages - 1
+        """The index of the last virtual stage (the one producing the outputs)."""
+        return len(self.stages) - 1
+
+    @property
+    def ticks(self) -> int:
+        """The schedule's length: ``M * V + S - 1``."""
+        return self.inputs.count * self.repeats + self.num_stages - 1
 
     def received(self, k: int, flat: dict[str, jax.Array]) -> Any:
         """The carry stage ``k`` receives, unpacked from ``flat`` (None for stage 0)."""
@@ -343,13 +296,14 @@ class _PipelinePlan:
         return jax.tree.unflatten(self.carry_defs[k - 1], self.carry_flats[k - 1].unpack(flat))
 
 
-def _plan(layers_for: Callable[[tuple, dict], Layers], mesh: Mesh,
+def _plan(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
           inputs: _MicroBatchedInputs, params: dict, buffers: dict, key_data: Any,
           typed_key: bool) -> _PipelinePlan:
-    """Splits the model into stages and lays out their state and carries."""
+    """Splits the model into virtual stages and lays out their state and carries."""
+    mesh, repeats = wafer.mesh, _repeats(wafer)
     abstract = inputs.abstract()
     layers = layers_for(*inputs.rebuild(abstract))
-    ranges = split_layers(layers.costs, mesh.shape["stage"], list(layers.names))
+    ranges = _virtual_stage_ranges(layers, mesh.shape["stage"], repeats, wafer.schedule)
     stages = tuple(layers.stage(lo, hi) for lo, hi in ranges)
     carries = _probe_carries(mesh, stages, inputs, abstract, params, buffers, key_data,
                              typed_key)
@@ -358,12 +312,39 @@ def _plan(layers_for: Callable[[tuple, dict], Layers], mesh: Mesh,
     param_flats = tuple(_Flat([params[n] for n in s.params]) for s in stages)
     buffer_flats = tuple(_Flat([buffers[n] for n in s.buffers]) for s in stages)
     return _PipelinePlan(
-        mesh=mesh, inputs=inputs, typed_key=typed_key, stages=stages,
+        mesh=mesh, inputs=inputs, typed_key=typed_key, repeats=repeats, stages=stages,
         carry_defs=tuple(jax.tree.structure(c) for c in carries),
         carry_flats=carry_flats, carry_widths=_widths(carry_flats),
         param_flats=param_flats, param_widths=_widths(param_flats),
         buffer_flats=buffer_flats, buffer_widths=_widths(buffer_flats),
     )
+
+
+def _repeats(wafer: Wafer) -> int:
+    """Virtual stages per device: ``pipeline_repeats`` (default 2) when circular, else 1."""
+    if wafer.schedule != "circular":
+        return 1
+    return 2 if wafer.repeats is None else wafer.repeats
+
+
+def _virtual_stage_ranges(layers: Layers, num_stages: int, repeats: int, schedule: str
+                          ) -> list[tuple[int, int]]:
+    """The layer range of each of the ``num_stages * repeats`` virtual stages (ConfigError)."""
+    n = len(layers.costs)
+    if schedule == "circular" and num_stages * repeats > n:
+        shown = ", ".join(list(layers.names)[:12]) + (", ..." if n > 12 else "")
+        fixes = ([f"set pipeline_repeats to at most {n // num_stages}"]
+                 if n // num_stages >= 2 else [])
+        fixes += [f"lower num_stages to {n // repeats}"] if n // repeats >= 2 else []
+        raise ConfigError(
+            f"ClusterConfig(num_stages={num_stages}, pipeline_schedule='circular', "
+            f"pipeline_repeats={repeats}) cuts the model into num_stages x "
+            f"pipeline_repeats = {num_stages * repeats} virtual stages, but it has only "
+            f"{n} layers ({shown}), and a layer is never cut. Fix: "
+            + ", or ".join(fixes + ["use pipeline_schedule='gpipe'",
+                                    "give the model more (smaller) layers"]) + "."
+        )
+    return split_layers(layers.costs, num_stages * repeats, list(layers.names))
 
 
 def _probe_carries(mesh: Mesh, stages: Sequence[Stage], inputs: _MicroBatchedInputs,
@@ -456,12 +437,12 @@ def _widths(flats: Sequence[_Flat]) -> dict[str, int]:
 
 
 def _pack_state(plan: _PipelinePlan, params: dict, buffers: dict) -> tuple[dict, dict]:
-    """Parameters and buffers packed per stage: ``{dtype: [num_stages, width]}`` each."""
+    """Parameters and buffers packed per device: ``{dtype: [num_stages, V, width]}`` each."""
     packed_params = _pack_per_stage(plan.param_flats, [s.params for s in plan.stages],
                                     params, plan.param_widths)
     packed_buffers = _pack_per_stage(plan.buffer_flats, [s.buffers for s in plan.stages],
                                      buffers, plan.buffer_widths)
-    return packed_params, packed_buffers
+    return _by_device(plan, packed_params), _by_device(plan, packed_buffers)
 
 
 def _pack_per_stage(flats: Sequence[_Flat], names: Sequence[Sequence[str]], values: dict,
@@ -471,13 +452,26 @@ def _pack_per_stage(flats: Sequence[_Flat], names: Sequence[Sequence[str]], valu
     return {k: jnp.stack([r[k] for r in rows]) for k in widths}
 
 
+def _by_device(plan: _PipelinePlan, rows: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """``[S * V, width]`` rows by virtual stage as ``[S, V, width]``: row ``[s, v]`` is
+    virtual stage ``v * S + s``, so device ``s`` gets its own chunks."""
+    shape = (plan.repeats, plan.num_stages)
+    return {k: x.reshape(*shape, x.shape[-1]).swapaxes(0, 1) for k, x in rows.items()}
+
+
 # ---- the schedule -----------------------------------------------------------------------
 _AXES = ("csx", "stage")
 
 
 def _run_schedule(plan: _PipelinePlan, packed_params: dict, packed_buffers: dict,
-                  key_data: Any) -> tuple[dict, dict]:
-    """Runs the schedule on the mesh: ``({dtype: [num_csx * M, width]}, new buffer rows)``."""
+                  key_data: Any, *, record: bool = False) -> tuple[dict, dict, Any]:
+    """Runs the schedule on the mesh.
+
+    Returns:
+      ``({dtype: [num_csx * M, width]}, new buffer rows, ran)``; ``ran`` is None, or
+      with ``record`` the ``[num_csx, num_stages, ticks, 2]`` array of
+      :func:`recording_schedule`.
+    """
     dyn = plan.inputs.arrays()
     in_specs = (
         {k: P("stage") for k in packed_params},
@@ -486,55 +480,91 @@ def _run_schedule(plan: _PipelinePlan, packed_params: dict, packed_buffers: dict
         None if key_data is None else P(),
     )
     out_specs = ({k: P("csx") for k in plan.carry_widths},
-                 {k: P("stage") for k in packed_buffers})
-    run = jax.shard_map(functools.partial(_schedule, plan), mesh=plan.mesh,
+                 {k: P("stage") for k in packed_buffers},
+                 P() if record else None)
+    run = jax.shard_map(functools.partial(_schedule, plan, record=record), mesh=plan.mesh,
                         in_specs=in_specs, out_specs=out_specs)
     return run(packed_params, packed_buffers, dyn, key_data)
 
 
-def _schedule(plan: _PipelinePlan, prows: dict, brows: dict, dyn: list, kd: Any
-              ) -> tuple[dict, dict]:
-    """One device's program: all ticks of its stage, then outputs and buffers reduced."""
+def _schedule(plan: _PipelinePlan, prows: dict, brows: dict, dyn: list, kd: Any, *,
+              record: bool) -> tuple[dict, dict, Any]:
+    """One device's program: all ticks of its stages, then outputs and buffers reduced."""
     # Everything a stage reads is marked varying over both axes once, before the
     # schedule: every value in a stage then has one type (custom_vjp rules in the
     # lowerings need that), and the transposed cast sums a parameter's gradient
     # over "csx" once per step, not once per tick.
     per_micro = [_vary(x.reshape(plan.inputs.count, plan.inputs.rows, *x.shape[1:]), _AXES)
                  for x in dyn]
-    branches = ([_stage_branch(plan, k, per_micro) for k in range(plan.num_stages)]
+    branches = ([_stage_branch(plan, k, per_micro) for k in range(len(plan.stages))]
                 + [_idle_branch(plan)])
     s = jax.lax.axis_index("stage")
+    # This device's chunks: [V, width] per dtype, row v for virtual stage v * S + s.
     prow = {k: _vary(v[0], _AXES) for k, v in prows.items()}
     brow0 = {k: _vary(v[0], _AXES) for k, v in brows.items()}
     state0 = (_zeros(plan.carry_widths), brow0,
               _zeros(plan.carry_widths, (plan.inputs.count,)))
-    tick = _tick(plan, branches, s, prow, kd)
-    ticks = jnp.arange(plan.inputs.count + plan.num_stages - 1)
-    (_, brow, outs), _ = jax.lax.scan(tick, state0, ticks)
+    tick = _tick(plan, branches, s, prow, kd, record=record)
+    (_, brow, outs), ran = jax.lax.scan(tick, state0, jnp.arange(plan.ticks))
     outs = {k: jax.lax.psum(v, "stage") for k, v in outs.items()}
     brow = {k: _across_systems(v) for k, v in brow.items()}
-    return outs, {k: v[None] for k, v in brow.items()}
+    return outs, {k: v[None] for k, v in brow.items()}, None if ran is None else _everywhere(ran)
 
 
-def _tick(plan: _PipelinePlan, branches: list[Callable], s: jax.Array, prow: dict, kd: Any
-          ) -> Callable:
-    """The scan step: at tick ``t`` stage ``s`` runs micro-batch ``t - s`` (or idles),
-    the last stage keeps its outputs, and every carry moves to the next stage."""
-    count = plan.inputs.count
-    perm = [(i, i + 1) for i in range(plan.num_stages - 1)]
+def _tick(plan: _PipelinePlan, branches: list[Callable], s: jax.Array, prow: dict, kd: Any,
+          *, record: bool) -> Callable:
+    """The scan step: device ``s`` runs what :func:`_slot` says (or idles), the last
+    virtual stage keeps its outputs, and every carry moves to the next device.
+
+    With ``record`` the step also returns ``[virtual stage, micro-batch]`` as the
+    branch that ran reports them (``[-1, -1]``: idle)."""
+    perm = _ring(plan)
 
     def tick(state, t):
         carry_in, brow, outs = state
-        m_raw = t - s
-        valid = (m_raw >= 0) & (m_raw < count)
-        m = jnp.clip(m_raw, 0, count - 1)
-        index = jnp.where(valid, s, plan.num_stages)
-        carry_out, brow = jax.lax.switch(index, branches, prow, brow, carry_in, m, kd)
-        outs = _keep_outputs(outs, carry_out, m, valid & (s == plan.last))
+        index, m = _slot(plan, t, s)
+        carry_out, brow, ran = jax.lax.switch(index, branches, prow, brow, carry_in, m, kd)
+        outs = _keep_outputs(outs, carry_out, m, index == plan.last)
         if perm:
             carry_out = {k: jax.lax.ppermute(v, "stage", perm) for k, v in carry_out.items()}
-        return (carry_out, brow, outs), None
+        ys = _vary(jnp.stack([ran, jnp.where(ran < 0, -1, m)]), _AXES) if record else None
+        return (carry_out, brow, outs), ys
     return tick
+
+
+def _slot(plan: _PipelinePlan, t: jax.Array, s: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """What device ``s`` runs at tick ``t``: ``(branch index, micro-batch)``.
+
+    Inverts ``t = (m mod S) + (m div S) * S * V + v * S + s``: the branch is virtual
+    stage ``v * S + s``, or ``S * V`` (the idle branch) where no micro-batch is due;
+    the micro-batch is clipped into range. With ``V = 1``, ``m = t - s`` (GPipe).
+    """
+    num_stages, count = plan.num_stages, plan.inputs.count
+    round_trip = num_stages * plan.repeats
+    u = t - s
+    group, pos = u // round_trip, u % round_trip  # floor division: u < 0 stays < 0
+    m = group * num_stages + pos % num_stages
+    valid = (u >= 0) & (m < count)
+    index = jnp.where(valid, pos - pos % num_stages + s, round_trip)
+    return index, jnp.clip(m, 0, count - 1)
+
+
+def _everywhere(ran: jax.Array) -> jax.Array:
+    """Every device's ``[ticks, 2]`` record, on every device:
+    ``[num_csx, num_stages, ticks, 2]``."""
+    shape = (jax.lax.axis_size("csx"), jax.lax.axis_size("stage"), *ran.shape)
+    mine = jnp.zeros(shape, ran.dtype).at[
+        jax.lax.axis_index("csx"), jax.lax.axis_index("stage")].set(ran)
+    return jax.lax.psum(mine, _AXES)  # each entry is written by one device only
+
+
+def _ring(plan: _PipelinePlan) -> list[tuple[int, int]]:
+    """The ``ppermute`` pairs that move carries on: device ``s`` to ``s + 1``, and, where
+    micro-batches go round more than once, the last device back to the first."""
+    n = plan.num_stages
+    if n == 1:
+        return []  # every virtual stage is on the one device: the carry stays
+    return [(i, (i + 1) % n) for i in range(n if plan.repeats > 1 else n - 1)]
 
 
 def _keep_outputs(outs: dict, carry_out: dict, m: jax.Array, keep: jax.Array) -> dict:
@@ -544,31 +574,40 @@ def _keep_outputs(outs: dict, carry_out: dict, m: jax.Array, keep: jax.Array) ->
 
 
 def _stage_branch(plan: _PipelinePlan, k: int, per_micro: list) -> Callable:
-    """Stage ``k``'s tick: runs micro-batch ``m``; returns its packed carry and buffers."""
+    """Virtual stage ``k``'s tick: runs micro-batch ``m`` with its device's chunk
+    ``k // S`` of the parameters and buffers; returns its packed carry, the buffers and
+    ``k``."""
     stage = plan.stages[k]
+    chunk = k // plan.num_stages
     buffer_flat = plan.buffer_flats[k]
 
     def run(prow, brow, carry_in, m, kd):
         c_index = jax.lax.axis_index("csx") * plan.inputs.count + m
-        p = dict(zip(stage.params, plan.param_flats[k].unpack(prow)))
-        b = dict(zip(stage.buffers, buffer_flat.unpack(brow)))
+        p = dict(zip(stage.params, plan.param_flats[k].unpack(_row(prow, chunk))))
+        b = dict(zip(stage.buffers, buffer_flat.unpack(_row(brow, chunk))))
         c = plan.received(k, carry_in)
         dyn = [jax.lax.dynamic_index_in_dim(x, m, keepdims=False) for x in per_micro]
         a, kw = plan.inputs.rebuild(dyn)
         out, updates = stage.fn(p, b, c, a, kw, _fold_key(kd, plan.typed_key, c_index))
         b.update(updates)
-        new_brow = buffer_flat.pack([b[n] for n in stage.buffers], plan.buffer_widths)
+        new_row = buffer_flat.pack([b[n] for n in stage.buffers], plan.buffer_widths)
+        new_brow = {d: v.at[chunk].set(new_row[d]) for d, v in brow.items()}
         new_carry = plan.carry_flats[k].pack(jax.tree.leaves(out), plan.carry_widths)
-        return _vary_tree(new_carry), _vary_tree(new_brow)
+        return _vary_tree(new_carry), _vary_tree(new_brow), jnp.int32(k)
     return run
 
 
 def _idle_branch(plan: _PipelinePlan) -> Callable:
-    """A tick without a micro-batch (the bubble): a zero carry, buffers unchanged."""
+    """A tick without a micro-batch (the bubble): a zero carry, buffers unchanged, -1."""
 
     def idle(prow, brow, carry_in, m, kd):
-        return _zeros(plan.carry_widths), _vary_tree(brow)
+        return _zeros(plan.carry_widths), _vary_tree(brow), jnp.int32(-1)
     return idle
+
+
+def _row(rows: dict[str, jax.Array], i: int) -> dict[str, jax.Array]:
+    """Row ``i`` of each ``[V, width]`` array: one virtual stage's packed vectors."""
+    return {k: v[i] for k, v in rows.items()}
 
 
 def _zeros(widths: dict[str, int], lead: tuple[int, ...] = ()) -> dict[str, jax.Array]:
@@ -606,9 +645,10 @@ def _gather_outputs(plan: _PipelinePlan, outs: dict[str, jax.Array]) -> Any:
 
 
 def _new_buffers(plan: _PipelinePlan, buffers: dict, new_rows: dict[str, jax.Array]) -> dict:
-    """``buffers`` with each stage's buffers replaced by the ones in its row of ``new_rows``."""
+    """``buffers`` with each virtual stage's buffers replaced by its row of ``new_rows``
+    (``[S, V, width]``, row ``[k % S, k // S]``)."""
     new_buffers = dict(buffers)
     for k, (flat, stage) in enumerate(zip(plan.buffer_flats, plan.stages)):
-        row = {d: v[k] for d, v in new_rows.items()}
+        row = {d: v[k % plan.num_stages, k // plan.num_stages] for d, v in new_rows.items()}
         new_buffers.update(zip(stage.buffers, flat.unpack(row)))
     return new_buffers

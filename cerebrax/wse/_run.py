@@ -3,7 +3,8 @@
 A compiled model hands its pure apply function (and, for pipeline mode, a way to get
 its layers) to :func:`run_model`; the wafer layout decides how the call runs:
 
-- pipeline mode: a GPipe schedule over the stages (:mod:`._pipeline`);
+- pipeline mode: a GPipe or circular schedule over the stages, as the wafer's
+  ``schedule`` says (:mod:`._pipeline`);
 - weight-streaming mode: layer by layer, each layer's weights gathered just in time
   and the batch split over every device (:mod:`._streaming`), where the model gives
   its layers and the batch splits; otherwise as in the sharded layout below;

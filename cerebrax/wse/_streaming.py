@@ -56,7 +56,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ..errors import ConfigError
-from ._pipeline import Layers, Stage, _fold_key, _is_split_input, _key_data, _vary
+from ._inputs import _fold_key, _is_split_input, _key_data
+from ._pipeline import Layers, Stage, _vary
 
 __all__ = ["streamed_apply"]
 
