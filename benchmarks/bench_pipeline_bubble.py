@@ -15,12 +15,16 @@ tick does ``1/V`` of a GPipe tick's work, so the bubble shrinks at the same tota
 The idle fraction is counted from the executed schedule, not timed: 8 emulated devices
 are threads on a 2-core machine, which cannot give meaningful wall-time bubbles.
 
-    python benchmarks/bench_pipeline_bubble.py
+    python benchmarks/bench_pipeline_bubble.py            # prints the table
+    python benchmarks/bench_pipeline_bubble.py --write    # and writes RESULTS.md's section
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import pathlib
+import sys
 
 FLAG = "--xla_force_host_platform_device_count=8"
 if FLAG not in os.environ.get("XLA_FLAGS", ""):  # XLA reads the flag once, at start-up
@@ -94,16 +98,33 @@ def row(stages: int, count: int, schedule: str, repeats: int) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="write RESULTS.md's section")
+    args = parser.parse_args()
     assert jax.device_count() == 8, jax.devices()
-    print(f"MLP of {LAYERS} layers ({WIDTH} wide), micro-batches of {MICRO} rows, "
-          "one training step; idle = (device, tick) slots with no virtual stage run.\n")
-    print("| S | M | schedule | V | ticks | idle slots | measured idle | formula |")
-    print("|---|---|---|---|---|---|---|---|")
+    lines = [
+        "## Pipeline bubble: GPipe and circular schedules (`bench_pipeline_bubble.py`)\n",
+        f"MLP of {LAYERS} layers ({WIDTH} wide), micro-batches of {MICRO} rows, one "
+        "training step on 8 emulated CPU devices; idle = (device, tick) slots in which "
+        "the executed program ran no virtual stage (counted from the program's own "
+        "record, not timed). Formula: (S-1)/(M+S-1) for GPipe, (S-1)/(M*V+S-1) for "
+        "circular.\n",
+        "| S | M | schedule | V | ticks | idle slots | measured idle | formula |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
     for stages in STAGES:
         for count in (stages, 2 * stages, 4 * stages):
             for schedule, repeats in SCHEDULES:
                 if stages * repeats <= LAYERS:
-                    print(row(stages, count, schedule, repeats), flush=True)
+                    lines.append(row(stages, count, schedule, repeats))
+                    print(lines[-1], flush=True)
+    if args.write:
+        root = pathlib.Path(__file__).resolve().parent
+        sys.path.insert(0, str(root))
+        from results import write_section
+
+        write_section(root / "RESULTS.md", "pipeline-bubble", "\n".join(lines))
 
 
 if __name__ == "__main__":

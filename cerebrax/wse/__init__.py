@@ -13,11 +13,12 @@ shards; identical consecutive layers run as one scan (see :mod:`._streaming`). A
 without layers, or a batch that does not split over all devices, runs as in the
 sharded layout (``execution_mode="sharded"``): one global-view call whose collectives
 XLA's SPMD partitioner inserts, as in replica mode. Pipeline mode runs the model call
-as a GPipe schedule in ``jax.shard_map``. Outside pipeline mode a ``micro_batch_size``
+as a GPipe or circular schedule in ``jax.shard_map`` (:mod:`._pipeline`). Outside pipeline mode a ``micro_batch_size``
 runs the model call over micro-batches with rematerialized activations (see
 :mod:`._micro`). :func:`run_model` is the one call through which a compiled model runs
 on the layout; :func:`memory_report` and :func:`collective_report` read a compiled
-step's per-device memory and collectives.
+step's per-device memory and collectives; :func:`check_memory_budget` is the refusal of
+a step over ``ClusterConfig(device_memory=...)``.
 """
 
 from ._cluster import EXECUTION_MODES, MODE_ALIASES, ClusterConfig
