@@ -13,7 +13,14 @@ import jax
 from ..errors import ConfigError, StateError
 from ..wse import Layers
 from ._adapter import ModelAdapter, flatten_named
-from ._sequential import LayerCall, LayerFn, run_sequential, sequential_layers, tree_size
+from ._sequential import (
+    LayerCall,
+    LayerFn,
+    run_sequential,
+    sequential_layers,
+    state_shapes,
+    tree_size,
+)
 
 __all__ = ["FunctionalAdapter", "FunctionalModel"]
 
@@ -160,13 +167,9 @@ def layer_signatures(named: Sequence[tuple[str, FunctionalModel]]) -> list[Hasha
     inputs rather than the previous layer's output, so it has no key.
     """
 
-    def shapes(tree: Any) -> Any:
-        leaves, treedef = jax.tree.flatten(tree)
-        return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
     keys: list[Hashable | None] = [None]
     for _, model in named[1:]:
-        keys.append((model.apply_fn, shapes(model.params), shapes(model.buffers)))
+        keys.append((model.apply_fn, state_shapes(model.params), state_shapes(model.buffers)))
     return keys
 
 

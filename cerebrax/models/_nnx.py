@@ -10,7 +10,7 @@ import jax
 from ..errors import ConfigError
 from ..wse import Layers
 from ._adapter import ModelAdapter, flatten_named
-from ._sequential import LayerCall, LayerFn, sequential_layers, tree_size
+from ._sequential import LayerCall, LayerFn, sequential_layers, state_shapes, tree_size
 
 __all__ = ["NnxAdapter", "is_nnx", "nnx_is_training", "nnx_layer_fns"]
 
@@ -119,7 +119,7 @@ def nnx_layer_fns(module: Any, param_names: Sequence[str], buffer_names: Sequenc
             if not callable(layer):
                 raise ConfigError(MSG_NNX_LAYERS.format(
                     problem=f"Entry {i} of `layers` is not callable: {layer!r}."))
-            fns.append(LayerFn(name, (), (), 1, _plain_call(layer)))
+            fns.append(LayerFn(name, (), (), 1, _plain_call(layer), signature=("fn", layer)))
             continue
         _, p, rest = nnx.split(layer, nnx.Param, ...)
         p_named, p_def = flatten_named(p)
@@ -127,8 +127,11 @@ def nnx_layer_fns(module: Any, param_names: Sequence[str], buffer_names: Sequenc
         p_full = tuple(f"{name}.{n}" for n in p_named)
         b_full = tuple(f"{name}.{n}" for n in b_named)
         covered.update(p_full + b_full)
+        # Equal graphs (module types and static fields, in both modes) and equal state
+        # shapes: the same function of the layer's state and input.
+        signature = ("nnx", graphs[True][i], graphs[False][i], state_shapes(p), state_shapes(rest))
         fns.append(LayerFn(name, p_full, b_full, max(tree_size(p), 1), _nnx_call(
-            graphs[True][i], graphs[False][i], p_def, b_def, b_full)))
+            graphs[True][i], graphs[False][i], p_def, b_def, b_full), signature=signature))
     outside = [n for n in (*param_names, *buffer_names) if n not in covered]
     if outside:
         raise ConfigError(MSG_NNX_LAYERS.format(

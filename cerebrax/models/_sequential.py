@@ -12,21 +12,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import jax
 
 from ..wse import Layers, Stage
 
-__all__ = ["LayerCall", "LayerFn", "run_sequential", "sequential_layers", "tree_size"]
+__all__ = ["LayerCall", "LayerFn", "run_sequential", "sequential_layers", "state_shapes",
+           "tree_size"]
 
 # call(params, buffers, args, kwargs, train, key) -> (output, buffer updates)
 LayerCall = Callable[[dict, dict, tuple, dict, bool, Any], tuple[Any, dict]]
 
 @dataclasses.dataclass(frozen=True)
 class LayerFn:
-    """One layer: its name, its state names, a balancing cost and a pure call."""
+    """One layer: its name, its state names, a balancing cost and a pure call.
+
+    ``signature`` is the layer's structural key (see ``wse.Layers.signature``), or None.
+    """
 
     name: str
     params: tuple[str, ...]
@@ -34,6 +38,7 @@ class LayerFn:
     cost: int
     call: LayerCall
     needs_key: bool = False
+    signature: Hashable | None = None
 
 
 def _layer_key(key: Any, index: int) -> Any:
@@ -72,7 +77,18 @@ def sequential_layers(layers: Sequence[LayerFn], *, train: bool) -> Layers:
         names_b = tuple(dict.fromkeys(n for la in layers[lo:hi] for n in la.buffers))
         return Stage(fn, names_p, names_b)
 
-    return Layers([la.name for la in layers], [la.cost for la in layers], stage)
+    # The first layer receives the model's inputs, the others the previous output: only
+    # from the second layer on can equal keys mean the same function of the carry.
+    keys = [None] + [la.signature for la in layers[1:]]
+    return Layers([la.name for la in layers], [la.cost for la in layers], stage,
+                  signature=keys.__getitem__ if any(k is not None for k in keys) else None)
+
+
+def state_shapes(tree: Any) -> tuple:
+    """The structure, shapes and dtypes of ``tree``'s arrays (hashable: part of a
+    layer's structural key)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
 def tree_size(tree: Any) -> int:

@@ -294,6 +294,53 @@ def test_layered_functional_model_scans_identical_layers():
     assert forward.count("all-gather") == 2 and backward.count("reduce-scatter") == 2
 
 
+def test_nnx_sequential_scans_identical_blocks():
+    """An ``nnx.Sequential`` whose middle entries are equal modules: one loop, like one
+    device."""
+    from flax import nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.fc = nnx.Linear(16, 16, rngs=rngs)
+
+        def __call__(self, x):
+            return jnp.tanh(self.fc(x))
+
+    def model():
+        rngs = nnx.Rngs(0)
+        return nnx.Sequential(nnx.Linear(8, 16, rngs=rngs),
+                              *[Block(rngs) for _ in range(5)],
+                              nnx.Linear(16, 4, rngs=rngs))
+
+    def train(layout):
+        backend = fresh_backend(layout)
+        compiled = cstorch.compile(model(), backend)
+        optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.9)
+
+        @cstorch.trace
+        def step(x, y):
+            loss = xent(compiled(x), y)
+            cstorch.backward(loss)
+            optimizer.step()
+            return loss
+
+        data = np.random.default_rng(1)
+        batches = [(data.normal(size=(32, 8)).astype(np.float32),
+                    data.integers(0, 4, 32).astype(np.int32)) for _ in range(10)]
+        losses = [float(step(x, y)) for x, y in batches]
+        return np.array(losses), compiled.state_dict(), step, batches[0]
+
+    ref_losses, ref_state, _, _ = train(None)
+    losses, state, step, (x, y) = train(WS8)
+    assert rel_err(losses, ref_losses) <= 1e-5
+    for name in ref_state:
+        assert rel_err(state[name], ref_state[name]) <= 1e-5, name
+    forward, backward = _block_loops(cstorch.wse.collective_report(step, x, y))
+    # layers.0 takes the model's input; layers.1..5 (the blocks) are one scan; the
+    # head, a Linear of another shape, is unrolled.
+    assert forward.trip_count == backward.trip_count == 5
+
+
 # ---- where the plan does not apply: the sharded layout, unchanged results ----------------
 def test_a_batch_that_does_not_split_over_all_devices_runs_sharded():
     ref_losses, _, _, _ = _train(None, rows=4, steps=4)
