@@ -352,20 +352,25 @@ def run_fit(
         if run.save_initial_checkpoint and start == 0:
             write_checkpoint(0)  # the initial weights, before the first step
         model.train()
-        for batch in executor:
-            step = start + executor.user_iteration
-            if executor.is_initial_step:
-                _build.check_batch(batch, job.train_input)
-                timer = _FirstStep(counter)
-            outputs = step_fn(*batch)
-            if executor.is_initial_step:
-                timer.report(outputs[0])
-            log_step(outputs, step)
-            save_checkpoint(step)
-            saver.poll()  # "saved PATH" once the background write is done
-            if validate is not None and (step % run.eval_frequency == 0
-                                         or step == run.num_steps):
-                validate(step)
+        # Closed explicitly on any exit: on Ctrl-C the executor's cleanup (streaming
+        # threads stopped, queued closures run: a pending checkpoint is written) runs
+        # now, before the message names the last checkpoint, not when the traceback is
+        # freed (at interpreter exit, where it could hang on its threads).
+        with contextlib.closing(iter(executor)) as batches:
+            for batch in batches:
+                step = start + executor.user_iteration
+                if executor.is_initial_step:
+                    _build.check_batch(batch, job.train_input)
+                    timer = _FirstStep(counter)
+                outputs = step_fn(*batch)
+                if executor.is_initial_step:
+                    timer.report(outputs[0])
+                log_step(outputs, step)
+                save_checkpoint(step)
+                saver.poll()  # "saved PATH" once the background write is done
+                if validate is not None and (step % run.eval_frequency == 0
+                                             or step == run.num_steps):
+                    validate(step)
         saver.finish()
     except BaseException:
         with contextlib.suppress(CerebraxError):  # the first error is the one to report
@@ -436,11 +441,12 @@ def run_eval(job: JobConfig, checkpoint: str | None, *, config: dict) -> None:
     )
     model.eval()
     steps = 0
-    for batch in DataExecutor(loader):
-        if not steps:
-            _build.check_batch(batch, job.eval_input)
-        step_fn(*batch)
-        steps += 1
+    with contextlib.closing(iter(DataExecutor(loader))) as batches:
+        for batch in batches:
+            if not steps:
+                _build.check_batch(batch, job.eval_input)
+            step_fn(*batch)
+            steps += 1
     # Host sync points: each float() waits for the last evaluation step.
     write(f"eval loss {float(mean_loss):.6f}  ({steps} steps)")
     for metric, _ in metrics:

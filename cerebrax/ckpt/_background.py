@@ -18,6 +18,11 @@ from collections.abc import Callable
 from cerebrax.errors import CheckpointError
 
 
+# How long wait() gives a writer thread whose start a Ctrl-C interrupted to show that
+# it exists (it does within milliseconds when it does).
+_START_TIMEOUT = 10.0
+
+
 class SaveHandle:
     """A checkpoint being written in the background by ``save(..., background=True)``.
 
@@ -35,18 +40,37 @@ class SaveHandle:
         self._error: BaseException | None = None
         self._reported = False
         self._thread = threading.Thread(target=self._run, name="cerebrax-save")
+        self._began = threading.Event()
+        self._ended = threading.Event()
+        # True until the writer thread has surely started: a Ctrl-C (KeyboardInterrupt)
+        # in the main thread can land inside Thread.start(), before or after the thread
+        # came to exist; wait() then finds out which (see _wait_ended).
+        self._starting = True
+
+    def _start(self) -> None:
+        self._thread.start()
+        self._starting = False
 
     def _run(self) -> None:
+        self._began.set()
         try:
             self._write()
         except BaseException as error:  # kept for the caller, raised by wait()
             self._error = error
         finally:
             self._write = None  # drops the host copies
+            self._ended.set()
+
+    def _wait_ended(self) -> bool:
+        """Blocks until the write has finished; False if its thread never started."""
+        if self._starting and not self._began.wait(timeout=_START_TIMEOUT):
+            return False  # interrupted before the thread began: nothing was written
+        self._ended.wait()
+        return True
 
     def done(self) -> bool:
         """Whether the write has finished, successfully or not."""
-        return not self._thread.is_alive()
+        return self._ended.is_set()
 
     def wait(self) -> None:
         """Blocks until the checkpoint is written, renamed into place and durable.
@@ -55,7 +79,8 @@ class SaveHandle:
           CheckpointError: The write failed (the previous file at ``path``, if
             any, is unchanged). Raised by every call.
         """
-        self._thread.join()
+        if not self._wait_ended():
+            return
         if self._error is not None:
             self._reported = True
             raise CheckpointError(
@@ -82,24 +107,24 @@ class _Writer:
             if not self._hooked:
                 atexit.register(self.at_exit)
                 self._hooked = True
+            # Registered before its thread starts: an interrupt at any point after
+            # this line leaves a pending handle whose wait() finds out what ran.
             self._pending = handle
-            handle._thread.start()
+        handle._start()
         return handle
 
     def wait(self) -> None:
         """Waits for the pending save; raises its error unless it was raised already."""
         with self._lock:
             handle, self._pending = self._pending, None
-        if handle is not None and not (handle.done() and handle._reported):
-            handle._thread.join()
-            if not handle._reported:
-                handle.wait()
+        if handle is not None and not handle._reported:
+            handle.wait()
 
     def settle(self, path: str) -> None:
         """Waits for a pending save to ``path``, leaving its error to be raised later."""
         handle = self._pending
         if handle is not None and _same_path(handle.path, path):
-            handle._thread.join()
+            handle._wait_ended()
 
     def at_exit(self) -> None:
         self.wait()
