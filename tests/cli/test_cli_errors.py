@@ -279,9 +279,12 @@ def test_ctrl_c_names_the_last_checkpoint(trained, tmp_path):
     model_dir = tmp_path / "run"
     command = _command("--model_dir", model_dir, compile_dir=compile_dir,
                        num_steps=100_000, checkpoint_steps=5)  # fmt: skip
+    # As from a terminal: SIGINT reaches Python's handler. A test run started in the
+    # background of a non-interactive shell inherits SIGINT ignored (POSIX), and the
+    # command, like any program, would then ignore Ctrl-C.
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=_env(),
+        env=_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
