@@ -281,10 +281,13 @@ def test_ctrl_c_names_the_last_checkpoint(trained, tmp_path):
                        num_steps=100_000, checkpoint_steps=5)  # fmt: skip
     # As from a terminal: SIGINT reaches Python's handler. A test run started in the
     # background of a non-interactive shell inherits SIGINT ignored (POSIX), and the
-    # command, like any program, would then ignore Ctrl-C.
+    # command, like any program, would then ignore Ctrl-C; a small launcher resets it
+    # and execs the command (a preexec_fn would fork the multithreaded test process).
+    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.argv[1], sys.argv[1:])")
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        [sys.executable, "-c", launcher, *map(str, command)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env(),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
