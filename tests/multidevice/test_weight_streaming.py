@@ -246,24 +246,10 @@ def test_streamed_gpt_trains_like_one_device(layout):
         assert 4 * memory.params_bytes == pytest.approx(memory.params_total_bytes, rel=0.01)
 
 
-def test_layered_functional_model_scans_identical_layers():
-    """``FunctionalModel(layers=...)``: equal consecutive layers run as one loop."""
-
-    def dense(p, x):
-        return jnp.tanh(x @ p["weight"] + p["bias"])
-
-    def head(p, x):
-        return x @ p["weight"]
-
-    sizes = [(8, 16)] + [(16, 16)] * 5
-
-    def model():
-        rng = np.random.default_rng(0)
-        layers = {f"fc{i}": (dense, {"weight": rng.normal(size=s).astype(np.float32) / 4,
-                                     "bias": np.full(s[1], 0.01 * i, np.float32)})
-                  for i, s in enumerate(sizes)}
-        layers["out"] = (head, {"weight": rng.normal(size=(16, 4)).astype(np.float32)})
-        return cstorch.FunctionalModel(layers=layers)
+def _streamed_like_one_device(model) -> tuple:
+    """Trains ``model()`` (a layered model: 8 inputs, 4 classes) for 10 steps on one
+    device and in WS8, checks that losses and final state agree, and returns the
+    streamed step's forward and backward loops over the blocks."""
 
     def train(layout):
         backend = fresh_backend(layout)
@@ -289,6 +275,29 @@ def test_layered_functional_model_scans_identical_layers():
     for name in ref_state:
         assert rel_err(state[name], ref_state[name]) <= 1e-5, name
     forward, backward = _block_loops(cstorch.wse.collective_report(step, x, y))
+    return forward, backward
+
+
+def test_layered_functional_model_scans_identical_layers():
+    """``FunctionalModel(layers=...)``: equal consecutive layers run as one loop."""
+
+    def dense(p, x):
+        return jnp.tanh(x @ p["weight"] + p["bias"])
+
+    def head(p, x):
+        return x @ p["weight"]
+
+    sizes = [(8, 16)] + [(16, 16)] * 5
+
+    def model():
+        rng = np.random.default_rng(0)
+        layers = {f"fc{i}": (dense, {"weight": rng.normal(size=s).astype(np.float32) / 4,
+                                     "bias": np.full(s[1], 0.01 * i, np.float32)})
+                  for i, s in enumerate(sizes)}
+        layers["out"] = (head, {"weight": rng.normal(size=(16, 4)).astype(np.float32)})
+        return cstorch.FunctionalModel(layers=layers)
+
+    forward, backward = _streamed_like_one_device(model)
     # fc0 takes the model's input, fc1..fc5 are one scan, the head is unrolled.
     assert forward.trip_count == backward.trip_count == 5
     assert forward.count("all-gather") == 2 and backward.count("reduce-scatter") == 2
@@ -312,30 +321,7 @@ def test_nnx_sequential_scans_identical_blocks():
                               *[Block(rngs) for _ in range(5)],
                               nnx.Linear(16, 4, rngs=rngs))
 
-    def train(layout):
-        backend = fresh_backend(layout)
-        compiled = cstorch.compile(model(), backend)
-        optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.9)
-
-        @cstorch.trace
-        def step(x, y):
-            loss = xent(compiled(x), y)
-            cstorch.backward(loss)
-            optimizer.step()
-            return loss
-
-        data = np.random.default_rng(1)
-        batches = [(data.normal(size=(32, 8)).astype(np.float32),
-                    data.integers(0, 4, 32).astype(np.int32)) for _ in range(10)]
-        losses = [float(step(x, y)) for x, y in batches]
-        return np.array(losses), compiled.state_dict(), step, batches[0]
-
-    ref_losses, ref_state, _, _ = train(None)
-    losses, state, step, (x, y) = train(WS8)
-    assert rel_err(losses, ref_losses) <= 1e-5
-    for name in ref_state:
-        assert rel_err(state[name], ref_state[name]) <= 1e-5, name
-    forward, backward = _block_loops(cstorch.wse.collective_report(step, x, y))
+    forward, backward = _streamed_like_one_device(model)
     # layers.0 takes the model's input; layers.1..5 (the blocks) are one scan; the
     # head, a Linear of another shape, is unrolled.
     assert forward.trip_count == backward.trip_count == 5
