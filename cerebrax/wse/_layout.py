@@ -46,14 +46,14 @@ class Layout:
 
     # ---- state ------------------------------------------------------------------------
     def state_sharding(self, leaf: Any) -> NamedSharding:
-        if self.wafer.mode not in SHARDED_MODES:
+        if self.wafer.mode not in (*SHARDED_MODES, "pipeline"):
             return self.replicated
         shape = tuple(getattr(leaf, "shape", ()))
         dim = _largest_divisible_dim(shape, self.wafer.inner_size)
         if dim is None or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             return self.replicated
         spec = [None] * len(shape)
-        spec[dim] = "wgt"
+        spec[dim] = self.wafer.inner_axis
         return NamedSharding(self.mesh, P(*spec))
 
     def state_shardings(self, values: Any) -> Any:

@@ -85,6 +85,7 @@ from ._inputs import (
     _key_data,
     _MicroBatchedInputs,
 )
+from ._layout import Layout
 from ._mesh import Wafer
 
 __all__ = ["Layers", "Stage", "pipelined_apply", "recording_schedule", "split_layers"]
@@ -199,9 +200,10 @@ def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
         _check_circular_micro_batches(inputs, wafer.mesh, micro_batch_size)
     key_data, typed_key = _key_data(key)
     plan = _plan(layers_for, wafer, inputs, params, buffers, key_data, typed_key)
-    packed_params, packed_buffers = _pack_state(plan, params, buffers)
+    packed_buffers = _pack_buffers(plan, buffers)
+    stored = {n: params[n] for n in plan.param_specs}
     records = _RECORDING[-1] if _RECORDING else None
-    outs, new_rows, ran = _run_schedule(plan, packed_params, packed_buffers, key_data,
+    outs, new_rows, ran = _run_schedule(plan, stored, packed_buffers, key_data,
                                         record=records is not None)
     if records is not None:
         # A host callback when the program runs: the schedule each device executed.
@@ -266,6 +268,9 @@ class _PipelinePlan:
     carry_widths: dict[str, int]
     param_flats: tuple[_Flat, ...]
     param_widths: dict[str, int]
+    param_specs: dict[str, P]  # how each parameter is stored (split over "stage" or whole)
+    shard_flats: tuple[_Flat, ...]  # stage k's split parameters: one device's shards
+    shard_widths: dict[str, int]
     buffer_flats: tuple[_Flat, ...]
     buffer_widths: dict[str, int]
 
@@ -311,13 +316,31 @@ def _plan(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
     carry_flats = tuple(_Flat(jax.tree.leaves(c)) for c in carries)
     param_flats = tuple(_Flat([params[n] for n in s.params]) for s in stages)
     buffer_flats = tuple(_Flat([buffers[n] for n in s.buffers]) for s in stages)
+    layout = Layout(wafer)
+    specs = {n: layout.state_sharding(params[n]).spec for s in stages for n in s.params}
+    shard_flats = tuple(_Flat([_shard_struct(params[n], specs[n], mesh) for n in s.params
+                               if _split_dim(specs[n]) is not None]) for s in stages)
     return _PipelinePlan(
         mesh=mesh, inputs=inputs, typed_key=typed_key, repeats=repeats, stages=stages,
         carry_defs=tuple(jax.tree.structure(c) for c in carries),
         carry_flats=carry_flats, carry_widths=_widths(carry_flats),
-        param_flats=param_flats, param_widths=_widths(param_flats),
+        param_flats=param_flats, param_widths=_widths(param_flats), param_specs=specs,
+        shard_flats=shard_flats, shard_widths=_widths(shard_flats),
         buffer_flats=buffer_flats, buffer_widths=_widths(buffer_flats),
     )
+
+
+def _split_dim(spec: P) -> int | None:
+    """The dimension a stored leaf is split along over ``"stage"`` (None: stored whole)."""
+    spec = tuple(spec)
+    return spec.index("stage") if "stage" in spec else None
+
+
+def _shard_struct(x: Any, spec: P, mesh: Mesh) -> jax.ShapeDtypeStruct:
+    """The shape of one device's shard of ``x`` stored under ``spec``."""
+    d, shape = _split_dim(spec), list(x.shape)
+    shape[d] //= mesh.shape["stage"]
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype)
 
 
 def _repeats(wafer: Wafer) -> int:
@@ -423,8 +446,42 @@ class _Flat:
 
     def unpack(self, flat: dict[str, jax.Array], lead: tuple[int, ...] = ()) -> list:
         """The arrays back; ``flat[k]`` may have leading dims ``lead`` before the vector."""
-        return [jax.lax.slice_in_dim(flat[k], start, start + size, axis=len(lead))
-                .reshape(*lead, *shape) for k, start, size, shape in self.slots]
+        pieces = {k: iter(_pieces(flat[k], tuple(size for d, _, size, _ in self.slots
+                                                 if d == k)))
+                  for k in self.sizes}
+        return [next(pieces[k]).reshape(*lead, *shape) for k, _, _, shape in self.slots]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _pieces(x: jax.Array, sizes: tuple[int, ...]) -> list[jax.Array]:
+    """The consecutive pieces of ``sizes`` elements at the start of ``x``'s last axis.
+
+    Its gradient is one concatenation of the pieces' cotangents (padded to ``x``'s
+    width), not a padded copy of ``x`` per piece summed: a stage with many parameters
+    would otherwise hold one vector of its whole width per parameter in the backward.
+    """
+    out, start = [], 0
+    for size in sizes:
+        out.append(jax.lax.slice_in_dim(x, start, start + size, axis=x.ndim - 1))
+        start += size
+    return out
+
+
+def _pieces_fwd(x: jax.Array, sizes: tuple[int, ...]) -> tuple[list, jax.Array]:
+    # The residual: a zero-size array of x's leading shape and width (the shape rides
+    # along; no data is kept).
+    return _pieces(x, sizes), jnp.zeros((*x.shape[:-1], 0, x.shape[-1]), x.dtype)
+
+
+def _pieces_bwd(sizes: tuple[int, ...], shape_of: jax.Array, cts: list) -> tuple[jax.Array]:
+    *lead, _, width = shape_of.shape
+    parts = list(cts)
+    if width > sum(sizes):
+        parts.append(jnp.zeros((*lead, width - sum(sizes)), shape_of.dtype))
+    return (jnp.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0],)
+
+
+_pieces.defvjp(_pieces_fwd, _pieces_bwd)
 
 
 def _widths(flats: Sequence[_Flat]) -> dict[str, int]:
@@ -436,13 +493,11 @@ def _widths(flats: Sequence[_Flat]) -> dict[str, int]:
     return {k: widths[k] for k in sorted(widths) if widths[k] > 0}
 
 
-def _pack_state(plan: _PipelinePlan, params: dict, buffers: dict) -> tuple[dict, dict]:
-    """Parameters and buffers packed per device: ``{dtype: [num_stages, V, width]}`` each."""
-    packed_params = _pack_per_stage(plan.param_flats, [s.params for s in plan.stages],
-                                    params, plan.param_widths)
-    packed_buffers = _pack_per_stage(plan.buffer_flats, [s.buffers for s in plan.stages],
-                                     buffers, plan.buffer_widths)
-    return _by_device(plan, packed_params), _by_device(plan, packed_buffers)
+def _pack_buffers(plan: _PipelinePlan, buffers: dict) -> dict:
+    """Buffers packed per device: ``{dtype: [num_stages, V, width]}``."""
+    packed = _pack_per_stage(plan.buffer_flats, [s.buffers for s in plan.stages], buffers,
+                             plan.buffer_widths)
+    return _by_device(plan, packed)
 
 
 def _pack_per_stage(flats: Sequence[_Flat], names: Sequence[Sequence[str]], values: dict,
@@ -463,9 +518,9 @@ def _by_device(plan: _PipelinePlan, rows: dict[str, jax.Array]) -> dict[str, jax
 _AXES = ("csx", "stage")
 
 
-def _run_schedule(plan: _PipelinePlan, packed_params: dict, packed_buffers: dict,
+def _run_schedule(plan: _PipelinePlan, params: dict, packed_buffers: dict,
                   key_data: Any, *, record: bool = False) -> tuple[dict, dict, Any]:
-    """Runs the schedule on the mesh.
+    """Runs the schedule on the mesh; ``params`` as stored (``plan.param_specs``).
 
     Returns:
       ``({dtype: [num_csx * M, width]}, new buffer rows, ran)``; ``ran`` is None, or
@@ -474,7 +529,7 @@ def _run_schedule(plan: _PipelinePlan, packed_params: dict, packed_buffers: dict
     """
     dyn = plan.inputs.arrays()
     in_specs = (
-        {k: P("stage") for k in packed_params},
+        dict(plan.param_specs),
         {k: P("stage") for k in packed_buffers},
         [P("csx") for _ in dyn],
         None if key_data is None else P(),
@@ -484,10 +539,10 @@ def _run_schedule(plan: _PipelinePlan, packed_params: dict, packed_buffers: dict
                  P() if record else None)
     run = jax.shard_map(functools.partial(_schedule, plan, record=record), mesh=plan.mesh,
                         in_specs=in_specs, out_specs=out_specs)
-    return run(packed_params, packed_buffers, dyn, key_data)
+    return run(params, packed_buffers, dyn, key_data)
 
 
-def _schedule(plan: _PipelinePlan, prows: dict, brows: dict, dyn: list, kd: Any, *,
+def _schedule(plan: _PipelinePlan, params: dict, brows: dict, dyn: list, kd: Any, *,
               record: bool) -> tuple[dict, dict, Any]:
     """One device's program: all ticks of its stages, then outputs and buffers reduced."""
     # Everything a stage reads is marked varying over both axes once, before the
@@ -500,11 +555,11 @@ def _schedule(plan: _PipelinePlan, prows: dict, brows: dict, dyn: list, kd: Any,
                 + [_idle_branch(plan)])
     s = jax.lax.axis_index("stage")
     # This device's chunks: [V, width] per dtype, row v for virtual stage v * S + s.
-    prow = {k: _vary(v[0], _AXES) for k, v in prows.items()}
+    prow = {k: _vary(v, _AXES) for k, v in _own_stages(plan, params, s).items()}
     brow0 = {k: _vary(v[0], _AXES) for k, v in brows.items()}
     state0 = (_zeros(plan.carry_widths), brow0,
               _zeros(plan.carry_widths, (plan.inputs.count,)))
-    tick = _tick(plan, branches, s, prow, kd, record=record)
+    tick = jax.checkpoint(_tick(plan, branches, s, prow, kd, record=record))
     (_, brow, outs), ran = jax.lax.scan(tick, state0, jnp.arange(plan.ticks))
     outs = {k: jax.lax.psum(v, "stage") for k, v in outs.items()}
     brow = {k: _across_systems(v) for k, v in brow.items()}
@@ -603,6 +658,56 @@ def _idle_branch(plan: _PipelinePlan) -> Callable:
     def idle(prow, brow, carry_in, m, kd):
         return _zeros(plan.carry_widths), _vary_tree(brow), jnp.int32(-1)
     return idle
+
+
+def _own_stages(plan: _PipelinePlan, params: dict, s: jax.Array) -> dict[str, jax.Array]:
+    """Device ``s``'s parameters packed per virtual stage: ``{dtype: [V, width]}``.
+
+    A parameter stored split over ``"stage"`` arrives as this device's shard. One
+    all-to-all per dtype sends each shard to the device whose stages read the
+    parameter (each device receives, from every device, the shards of its own stages'
+    parameters), where the shards are joined. A parameter stored whole (too small to
+    split) is on every device already. In the backward pass the transposed all-to-all
+    returns each shard's gradient to the device that stores the shard.
+    """
+    num, received = plan.num_stages, {}
+    if plan.shard_widths:
+        rows = [flat.pack([params[n] for n in _split_names(plan, stage)], plan.shard_widths)
+                for flat, stage in zip(plan.shard_flats, plan.stages)]
+        for d in plan.shard_widths:  # [S, V, width]: row [o, v] is stage v * S + o's
+            send = jnp.stack([r[d] for r in rows]).reshape(plan.repeats, num, -1)
+            received[d] = jax.lax.all_to_all(send.swapaxes(0, 1), "stage", 0, 0, tiled=True)
+    whole = {n: v for n, v in params.items() if _split_dim(plan.param_specs[n]) is None}
+    branches = [functools.partial(_join_stages, plan, o) for o in range(num)]
+    return jax.lax.switch(s, branches, received, whole)
+
+
+def _split_names(plan: _PipelinePlan, stage: Stage) -> list[str]:
+    """The parameters of ``stage`` that are stored split over ``"stage"``."""
+    return [n for n in stage.params if _split_dim(plan.param_specs[n]) is not None]
+
+
+def _join_stages(plan: _PipelinePlan, o: int, received: dict, whole: dict) -> dict:
+    """Device ``o``'s packed rows, from the shards it received (``[S, V, width]``: row
+    ``[i, v]`` from device ``i``) and the parameters stored whole."""
+    rows = []
+    for v in range(plan.repeats):
+        k = v * plan.num_stages + o
+        stage = plan.stages[k]
+        split = _split_names(plan, stage)
+        shards = plan.shard_flats[k].unpack({d: x[:, v] for d, x in received.items()},
+                                            lead=(plan.num_stages,))
+        joined = {n: _joined(x, _split_dim(plan.param_specs[n])) for n, x in zip(split, shards)}
+        values = [joined[n] if n in joined else whole[n] for n in stage.params]
+        rows.append(plan.param_flats[k].pack(values, plan.param_widths))
+    return {d: _vary(jnp.stack([r[d] for r in rows]), _AXES) for d in plan.param_widths}
+
+
+def _joined(shards: jax.Array, dim: int) -> jax.Array:
+    """The whole array from its ``[S, *shard]`` shards, split along ``dim`` in order."""
+    shape = list(shards.shape[1:])
+    shape[dim] *= shards.shape[0]
+    return jnp.moveaxis(shards, 0, dim).reshape(shape)
 
 
 def _row(rows: dict[str, jax.Array], i: int) -> dict[str, jax.Array]:
