@@ -5,6 +5,11 @@ dimension over ``("csx", "replica")``. Because the traced program is one global-
 ``jax.jit`` program, the loss is the mean over the global batch and XLA's SPMD
 partitioner inserts the gradient all-reduce: gradients equal the single-device ones.
 
+``pipeline``: each state leaf is split over ``"stage"`` along its largest dimension that
+the stage count divides (the others replicated), so a stage device holds ``1 / S`` of the
+parameters and optimizer state; the pipeline brings each stage its own layers'
+parameters inside the step (:mod:`._pipeline`). Batches are split over ``"csx"``.
+
 ``weight_streaming`` and ``sharded``: each state leaf is split over ``"wgt"`` along its
 largest dimension that the server count divides (scalars and indivisible leaves are
 replicated); batches reach the step split over ``"csx"``. Parameters and optimizer

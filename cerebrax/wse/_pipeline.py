@@ -28,10 +28,13 @@ follows. Every device is idle ``S - 1`` ticks per step, the bubble
 
 - the batch is split over ``"csx"`` (each system gets ``B / num_csx`` rows) and, inside a
   system, into ``M`` micro-batches of ``micro_batch_size`` rows;
-- device ``s`` of the ``"stage"`` axis holds only its virtual stages' parameters
-  (packed per virtual stage into one flat vector per dtype; the ``[S, V, width]`` array
-  is split over ``"stage"``) and at each tick runs one of them, chosen by
-  ``jax.lax.switch`` on the stage it is due to run, or idles (the bubble);
+- between steps every parameter is stored split over ``"stage"`` (:mod:`._layout`).
+  At the start of the call one ``all_to_all`` per dtype sends each shard to the device
+  whose virtual stages read the parameter, which joins them and packs its stages'
+  parameters per virtual stage into one flat vector per dtype (``[V, width]``);
+- device ``s`` of the ``"stage"`` axis then holds only its virtual stages' parameters
+  and at each tick runs one of them, chosen by ``jax.lax.switch`` on the stage it is due
+  to run, or idles (the bubble);
 - the values crossing a stage boundary (the carry: one or several arrays of any dtype)
   are packed into one padded flat buffer per dtype and move to the next device with
   ``jax.lax.ppermute`` (circular: device ``S - 1`` sends to device 0, which starts the
@@ -42,8 +45,12 @@ follows. Every device is idle ``S - 1`` ticks per step, the bubble
 The loss is computed by the user's step on those outputs as usual. Differentiating the
 step (the trace runtime's one ``jax.vjp``) transposes the schedule: the backward runs
 the ticks in reverse, ``ppermute`` sends cotangents to the previous device, and the
-gradient of a parameter used by two stages (a tied weight) is the sum of both. Forward
-of all micro-batches, then backward of all of them. Everything is part of the one
+gradient of a parameter used by two stages (a tied weight) is the sum of both, and the
+transposed ``all_to_all`` returns each parameter's gradient split over ``"stage"`` as the
+parameter is stored, where the optimizer update runs. Forward of all micro-batches, then
+backward of all of them; each tick is rematerialized (``jax.checkpoint``), so the
+backward keeps only the ticks' carries, not a stage's activations or unpacked
+parameters per tick. Everything is part of the one
 jitted step program. :func:`recording_schedule` makes the program also report which
 virtual stage and micro-batch each device ran at each tick (tests, benchmarks).
 
@@ -58,9 +65,10 @@ Semantics that differ from one device (the same for both schedules):
 - Random keys differ per micro-batch: micro-batch ``m`` of system ``c`` uses
   ``fold_in(key, c * M + m)``.
 
-Parameters stay replicated in the traced step's state (the optimizer sees them under
-their usual names); the per-stage packing happens inside the program, so during the
-forward and backward pass each device holds and computes with its own stages only.
+Per device, between steps: ``1 / S`` of every parameter and optimizer state leaf (the
+optimizer sees them under their usual names, each split like the parameter), which for
+stages balanced by parameter count is about the bytes of the device's own stages.
+During the step: its own stages' parameters and their gradients, packed.
 """
 
 from __future__ import annotations
