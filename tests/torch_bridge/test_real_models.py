@@ -24,8 +24,7 @@ transformers and the networks without BatchNorm are held to 1e-5 exactly. One st
 BatchNorm networks amplify the rounding differences step after step.
 
 Cases marked ``zoo_slow`` (the slowest to export and compile) run only with
-``CEREBRAX_ZOO_ALL=1``; the default run keeps every architecture but resnet18 (trained by the
-README test) in at least one mode.
+``CEREBRAX_ZOO_ALL=1``; the default run keeps every architecture in at least one mode.
 The steps are compiled at XLA's optimization level 0, which halves compile times here
 (``benchmarks/bench_zoo.py`` compiles the same steps at the default level).
 """
@@ -42,16 +41,15 @@ TOL = 1e-5
 ALL = os.environ.get("CEREBRAX_ZOO_ALL") == "1"
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
-# The default run: one mode of the cheapest architectures (8 Hugging Face, 7 vision);
-# every other (case, mode) is zoo_slow. resnet18 is not among them: the README's
-# torchvision example, tested in the default run, trains it against torch eager. Seconds per case measured on the shared 2-core
+# The default run: one mode of the cheapest architectures (8 Hugging Face, 8 vision);
+# every other (case, mode) is zoo_slow. Seconds per case measured on the shared 2-core
 # machine (busy with other jobs) with pytest --durations: efficientnet_b0 ~160 s,
 # mobilenet_v3_small ~60 s, resnet18 ~35 s, the Hugging Face models 7-22 s, the others
 # 7-20 s.
 DEFAULT = {
     ("llama", "train"), ("opt", "train"), ("bert", "train"), ("roberta", "train"),
     ("modernbert", "train"), ("vit", "train"), ("swin", "train"), ("whisper", "train"),
-    ("mobilenet_v3_small", "train"), ("convnext_atto", "train"),
+    ("resnet18", "train"), ("mobilenet_v3_small", "train"), ("convnext_atto", "train"),
     ("densenet_small", "train"), ("vit_tiny", "train"), ("swin_tiny", "train"),
     ("shufflenet_v2", "train"), ("squeezenet1_1", "train"),
 }
