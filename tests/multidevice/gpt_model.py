@@ -71,3 +71,20 @@ def gpt(blocks: int, *, vocab: int, seq: int, width: int, heads: int, seed: int 
 
     torch.manual_seed(seed)
     return gpt_class(vocab, seq, width, heads)(blocks)
+
+
+def adamw_step(model, vocab: int, **adamw):
+    """A traced training step of a compiled GPT: token cross-entropy, AdamW(``**adamw``)."""
+    import cerebrax as cstorch
+    from helpers import xent
+
+    optimizer = cstorch.optim.AdamW(model.parameters(), **adamw)
+
+    @cstorch.trace
+    def training_step(x, y):
+        loss = xent(model(x).reshape(-1, vocab), y.reshape(-1))
+        cstorch.backward(loss)
+        optimizer.step()
+        return loss
+
+    return training_step

@@ -18,8 +18,8 @@ import re
 
 import numpy as np
 import pytest
-from gpt_model import gpt
-from helpers import fresh_backend, rel_err, xent
+from gpt_model import adamw_step, gpt
+from helpers import fresh_backend, rel_err
 
 import cerebrax as cstorch
 
@@ -34,17 +34,7 @@ def _setup(layout: dict | None):
     backend = fresh_backend(layout)
     net = gpt(BLOCKS, vocab=VOCAB, seq=SEQ, width=WIDTH, heads=HEADS, seed=0)
     model = cstorch.compile(net, backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-
-    @cstorch.trace
-    def training_step(x, y):
-        logits = model(x)
-        loss = xent(logits.reshape(-1, VOCAB), y.reshape(-1))
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
-
-    return net, training_step
+    return net, adamw_step(model, VOCAB, lr=1e-2, weight_decay=0.01)
 
 
 def _batches(n: int):
@@ -113,14 +103,7 @@ def test_compile_only_run_is_refused_too(tmp_path):
                               cluster_config=cstorch.distributed.ClusterConfig(**REPLICA))
     model = cstorch.compile(gpt(BLOCKS, vocab=VOCAB, seq=SEQ, width=WIDTH, heads=HEADS),
                             backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x).reshape(-1, VOCAB), y.reshape(-1))
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
+    training_step = adamw_step(model, VOCAB, lr=1e-2)
 
     with pytest.raises(cstorch.ConfigError, match="more than ClusterConfig"):
         training_step(*_batches(1)[0])

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gpt_model import gpt
-from helpers import fresh_backend, xent
+from gpt_model import adamw_step, gpt
+from helpers import fresh_backend
 
 import cerebrax as cstorch
 
@@ -35,21 +35,11 @@ PIPE = dict(execution_mode="pipeline", num_csx=2, num_stages=STAGES)
 CIRCULAR = dict(PIPE, pipeline_schedule="circular", pipeline_repeats=2)
 
 
-def _setup(layout: dict | None, dtype: str = "float32"):
+def _setup(layout: dict | None):
     backend = fresh_backend(layout)
-    cstorch.amp.set_half_dtype(dtype)
     net = gpt(BLOCKS, vocab=VOCAB, seq=SEQ, width=WIDTH, heads=HEADS, seed=0)
     model = cstorch.compile(net, backend)
-    optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-
-    @cstorch.trace
-    def training_step(x, y):
-        loss = xent(model(x).reshape(-1, VOCAB), y.reshape(-1))
-        cstorch.backward(loss)
-        optimizer.step()
-        return loss
-
-    return net, model, training_step
+    return net, model, adamw_step(model, VOCAB, lr=1e-2, weight_decay=0.01)
 
 
 def _batch(seed: int = 5):
