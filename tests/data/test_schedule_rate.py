@@ -144,26 +144,14 @@ def test_executor_counts_samples_per_step_on_a_fake_clock():
     assert seen_in_closures == [(s, (s + 1) * batch) for s in range(n)]
 
 
-def test_executor_global_rate_lies_within_bounds_taken_around_the_loop():
+def test_executor_rates_are_wall_clock_rates():
+    """The executor's tracker reads ``time.perf_counter`` (the span it measures is
+    checked on a fake clock above); the totals it reports are the samples it saw."""
     batch, n = 4, 5
     loader = DataLoader(lambda: [np.ones((batch, 3), np.float32)], num_steps=n)
     executor = DataExecutor(loader, progress_bar=False)
-    marks = {}
+    assert executor.profiler.rate_tracker.clock is time.perf_counter
     for x in executor:
-        step = executor.iteration
-        if step == 1:
-            marks["body1_start"] = time.perf_counter()
-        x = (x * 2).block_until_ready()
-        time.sleep(0.002)
-        if step == 0:
-            marks["body0_end"] = time.perf_counter()
-        if step == n - 1:
-            marks["last_body_end"] = time.perf_counter()
-    after = time.perf_counter()
-    rate = executor.profiler.rate_tracker.global_rate
-    total = n * batch
-    # The clock runs from after step 0's body to after the last step, so its span lies
-    # between (last body's end - step 1 body's start) and (after - step 0 body's end).
-    assert total / (after - marks["body0_end"]) <= rate
-    assert rate <= total / (marks["last_body_end"] - marks["body1_start"])
-    assert executor.profiler.perf_metrics["total_samples"] == total
+        (x * 2).block_until_ready()
+    assert executor.profiler.rate_tracker.total_count == n * batch
+    assert executor.profiler.perf_metrics["total_samples"] == n * batch

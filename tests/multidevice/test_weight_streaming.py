@@ -11,7 +11,8 @@ in ``ClusterConfig(execution_mode="weight_streaming", max_wgt_servers=8)``:
 - per-device peak memory (XLA's arguments plus temporaries) stays within
   total / 8 + 2 blocks + activations (+10%), where total is the parameters, their
   gradients and the AdamW state; it grows by one block's shard of those per block;
-- the compiled loops are the same for every depth and compile time grows sublinearly;
+- the compiled loops are the same for every depth (how compile time grows with depth is a
+  benchmark figure, ``benchmarks/bench_wstream.py``, not a test);
 - training gives the losses and parameters of one device (float32, rel 1e-5).
 
 Run in its own process:
@@ -25,7 +26,6 @@ import functools
 import math
 import os
 import re
-import time
 
 import jax
 import jax.numpy as jnp
@@ -81,17 +81,14 @@ def _compiled(blocks: int, layout: tuple = tuple(WS8.items())) -> dict:
     """Lowers and compiles one AdamW step of the GPT; what the tests read of it."""
     net, _, step, backend = _setup(dict(layout), blocks)
     x, y = _batches(1)[0]
-    lowered = step.lower(x, y)
-    start = time.perf_counter()
-    compiled = lowered.compile()
-    seconds = time.perf_counter() - start
+    compiled = step.lower(x, y).compile()
     memory = cstorch.wse.report_for_compiled(step, compiled)
     block = {name: tuple(p.shape) for name, p in net.blocks[0].named_parameters()}
     shards = {name: backend.layout.state_sharding(jax.ShapeDtypeStruct(s, jnp.float32))
               .shard_shape(s) for name, s in block.items()}
     result = dict(
         hlo=compiled.as_text(), report=cstorch.wse.parse_collectives(compiled.as_text()),
-        memory=memory, seconds=seconds, block=block, shards=shards,
+        memory=memory, block=block, shards=shards,
         block_bytes=4 * sum(math.prod(s) for s in block.values()),
     )
     cstorch.reset()
@@ -172,10 +169,6 @@ def test_the_program_does_not_grow_with_depth():
         bodies.append((_instructions(r["hlo"], forward.body),
                        _instructions(r["hlo"], backward.body)))
     assert all(b == bodies[0] for b in bodies), bodies
-    # Compile time: n times the blocks, well under n times the time (the per-parameter
-    # optimizer update is what still grows): under 5x for 8x the blocks, 2.5x for 4x.
-    seconds = [r["seconds"] for r in reports]
-    assert seconds[-1] < 0.625 * DEPTHS[-1] / DEPTHS[0] * seconds[0], seconds
 
 
 def _instructions(hlo: str, computation: str) -> collections.Counter:

@@ -3,7 +3,25 @@
 For every OpInfo named in ``opinfo_table.TESTED`` (one test each, so pytest-xdist splits
 them over its workers) its CPU samples are wrapped in one module calling the op on each,
 exported through ``torch_bridge.convert`` and run under ``jax.jit``; every output must
-match torch eager within the tolerance of the op and dtype.
+match torch eager. What each comparison bounds:
+
+- integer and boolean outputs: equal to torch's;
+- float32 outputs (and float outputs of integer inputs): elementwise, ``|bridge - torch|
+  <= rtol * |torch| + atol``, by default ``rtol=1e-5`` (about 170 units of float32
+  roundoff, room for sums taken in another order), ``atol=1e-6``; wider entries of
+  ``TOLERANCES`` give their reason;
+- bfloat16 and float16 outputs: against the float64 result of the same inputs (the
+  sample's tensors converted to float64, torch eager), the bridge's largest error is at
+  most ``K`` times torch eager's own largest error, plus ``C`` units of roundoff of the
+  output's dtype at the output's largest magnitude: ``max|bridge - exact| <= K *
+  max|torch - exact| + C * u * max|exact|`` (``u`` = 2**-11 for float16, 2**-8 for
+  bfloat16; K=2, C=2 unless ``HALF_BOUNDS`` says why not). A half-precision result is
+  rounded at every operation, and where that happens depends on the CPU (XLA computes
+  float16 natively where the CPU has half-precision arithmetic and fused multiply-adds,
+  and emulates it in float32 elsewhere), so a distance to torch's own rounded result
+  would be a property of one machine; the distance to the exact result is not. An
+  output whose float64 run is unavailable (an explicit ``dtype=`` argument keeps it at
+  half precision) is compared elementwise with torch at ``DTYPE_TOL``.
 
 Sample caps (``opinfo_table``): at float32 the first 5 samples of each OpInfo
 (``FLOAT32_SAMPLES``; all of them where it has fewer), at bfloat16, float16 and int64 the
@@ -33,14 +51,27 @@ import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
-from opinfo_table import (CORE_SKIPS, DTYPE_TOL, DTYPES, FLOAT32_SAMPLES, OTHER_DTYPE_SAMPLES,
-                          SAMPLE_CAPS, SKIPS, TESTED, TOLERANCES)
+from opinfo_table import (CORE_SKIPS, DTYPE_TOL, DTYPES, FLOAT32_SAMPLES, HALF_BOUNDS,
+                          OTHER_DTYPE_SAMPLES, SAMPLE_CAPS, SKIPS, TESTED, TOLERANCES)
 
 import torch_bridge
 from cerebrax.errors import UnsupportedOpError
 from torch_bridge import to_jax
 
 DEFAULT_TOL = (1e-5, 1e-6)  # (rtol, atol)
+HALF_BOUND = (2.0, 2.0)  # (K, C) of the half-precision bound (opinfo_table.HALF_BOUNDS)
+UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0**-11, np.dtype(jax.numpy.bfloat16): 2.0**-8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How one sample's outputs are compared: elementwise with torch at ``(rtol, atol)``,
+    and half-precision outputs against the float64 result with ``(k, c)``."""
+
+    rtol: float
+    atol: float
+    k: float = HALF_BOUND[0]
+    c: float = HALF_BOUND[1]
 
 
 def opinfo_db() -> list[Any]:
@@ -136,16 +167,95 @@ def compare(actual: list, expected: list, rtol: float, atol: float) -> str:
     return ""
 
 
+def _half_dtype(x: Any) -> np.dtype | None:
+    """The output's dtype where it is bfloat16 or float16, else None."""
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
+        return np.dtype(np.float16) if x.dtype == torch.float16 else np.dtype(jax.numpy.bfloat16)
+    return None
+
+
+def compare_half(actual: Any, expected: torch.Tensor, exact: torch.Tensor, k: float,
+                 c: float) -> str:
+    """'' when a half-precision output is as close to the float64 result as the bound of
+    the module docstring allows, else what is wrong.
+
+    NaN and infinite elements (overflow at half precision) must sit where torch's are,
+    with torch's values; the bound is taken over the elements finite in all three."""
+    u = UNIT_ROUNDOFF[_half_dtype(expected)]
+    a = np.asarray(actual).astype(np.float64)
+    e, r = _to_numpy(expected).astype(np.float64), _to_numpy(exact).astype(np.float64)
+    if a.shape != e.shape:
+        return f"shape {a.shape}, torch gives {e.shape}"
+    if not np.array_equal(np.isnan(a), np.isnan(e)):
+        return "NaN positions differ"
+    if not np.array_equal(a[np.isinf(e)], e[np.isinf(e)]):
+        return "infinities differ"
+    finite = np.isfinite(e) & np.isfinite(r)
+    if not finite.any():
+        return ""
+    ours = float(np.abs(a - r)[finite].max())
+    torch_s = float(np.abs(e - r)[finite].max())
+    scale = float(np.abs(r[finite]).max())
+    bound = k * torch_s + c * u * scale
+    if not ours <= bound:
+        return (f"error against float64 {ours:.3g} over the bound {bound:.3g} "
+                f"({k:g} x torch's {torch_s:.3g} + {c:g} x {u:.3g} x {scale:.3g})")
+    return ""
+
+
+def compare_sample(actual: list, expected: list, exact: list | None, tol: Tolerance) -> str:
+    """'' when one sample's outputs match torch eager (module docstring), else the first
+    difference. ``exact``: the outputs of the same call on float64 inputs, or None."""
+    if len(actual) != len(expected):
+        return f"{len(actual)} outputs, torch gives {len(expected)}"
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        r = exact[i] if exact is not None and len(exact) == len(expected) else None
+        if (_half_dtype(e) is not None and isinstance(r, torch.Tensor)
+                and r.dtype == torch.float64):
+            problem = compare_half(a, e, r, tol.k, tol.c)
+            if problem:
+                return f"output {i}: {problem}"
+            continue
+        problem = compare([a], [e], tol.rtol, tol.atol)
+        if problem:
+            return problem.replace("output 0", f"output {i}", 1)
+    return ""
+
+
+def _in_float64(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16,
+                                                   torch.float32):
+        return x.double()
+    return x
+
+
+def _exact(fn: Any, sample: Any) -> list | None:
+    """The sample's outputs on float64 copies of its floating inputs (torch eager), or
+    None where the sample has no half-precision input or torch refuses it at float64."""
+    module = _Calls(fn, [sample])
+    tensors = module.tensors()
+    if not any(x.dtype in (torch.float16, torch.bfloat16) for x in tensors):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (out,) = module(*map(_in_float64, tensors))
+    except Exception:  # noqa: BLE001  (no float64 kernel, or mixed-dtype arguments)
+        return None
+    return [x for x in pytree.tree_leaves(out) if x is not None]
+
+
 def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0][:200]
 
 
-def run_samples(info: Any, samples: list, tols: list[tuple[float, float]]) -> Result:
+def run_samples(info: Any, samples: list, tols: list[Tolerance]) -> Result:
     """Exports one module calling the OpInfo on every sample, runs it through the bridge
     under ``jax.jit`` and compares each sample's outputs with torch eager."""
     module = _Calls(info.op, samples)
     tensors = module.tensors()
     expected = module(*module.tensors())
+    exact = [_exact(info.op, sample) for sample in samples]
     conv = torch_bridge.convert(module)
     try:
         program = conv.program(tensors)
@@ -167,8 +277,8 @@ def run_samples(info: Any, samples: list, tols: list[tuple[float, float]]) -> Re
     except Exception as e:  # noqa: BLE001
         return Result("error", ops, _first_line(e))
     for i, (got, want) in enumerate(zip(actual, expected)):
-        problem = compare(got, [x for x in pytree.tree_leaves(want) if x is not None],
-                          *tols[i])
+        problem = compare_sample(got, [x for x in pytree.tree_leaves(want) if x is not None],
+                                 exact[i], tols[i])
         if problem:
             return Result("mismatch", ops, f"sample {i}: {problem}")
     return Result("pass", ops)
@@ -201,23 +311,43 @@ def samples_of(info: Any, dtype: torch.dtype, limit: int | None) -> list[tuple[i
     return kept
 
 
+@functools.cache
+def xla_compiles_float16() -> bool:
+    """Whether XLA's CPU compiler can build float16 arithmetic in this process.
+
+    Below the F16C instruction set (``XLA_FLAGS=--xla_cpu_max_isa=SSE4_2``, or a CPU
+    from before 2012) jaxlib's JIT cannot link the float16 conversion routines
+    (``__extendhfsf2``, ``__truncsfhf2``) and every float16 program fails to compile."""
+    try:
+        jax.jit(lambda x: x * x + x)(np.ones(4, np.float16)).block_until_ready()
+    except jax.errors.JaxRuntimeError:
+        return False
+    return True
+
+
 def dtypes_of(info: Any) -> list[torch.dtype]:
     """The dtypes of ``DTYPES`` that torch supports for this OpInfo on CPU, less the
-    ones the skip list names (``"name@bfloat16"``)."""
+    ones the skip list names (``"name@bfloat16"``), and float16 where XLA cannot compile
+    it (:func:`xla_compiles_float16`)."""
     supported = info.supported_dtypes("cpu")
     name = full_name(info)
-    return [d for d in DTYPES if d in supported and f"{name}@{_short(d)}" not in SKIPS]
+    return [d for d in DTYPES if d in supported and f"{name}@{_short(d)}" not in SKIPS
+            and (d != torch.float16 or xla_compiles_float16())]
 
 
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def tolerance(name: str, dtype: torch.dtype) -> tuple[float, float]:
-    """``TOLERANCES["name@dtype"]``, else the dtype's, else the op's float32 one."""
+def tolerance(name: str, dtype: torch.dtype) -> Tolerance:
+    """The elementwise ``(rtol, atol)``: ``TOLERANCES["name@dtype"]``, else the dtype's,
+    else the op's float32 one; the half-precision ``(K, C)``: ``HALF_BOUNDS["name"]``,
+    else ``HALF_BOUND``."""
     if f"{name}@{_short(dtype)}" in TOLERANCES:
-        return TOLERANCES[f"{name}@{_short(dtype)}"]
-    return DTYPE_TOL.get(dtype) or TOLERANCES.get(name, DEFAULT_TOL)
+        rtol, atol = TOLERANCES[f"{name}@{_short(dtype)}"]
+    else:
+        rtol, atol = DTYPE_TOL.get(dtype) or TOLERANCES.get(name, DEFAULT_TOL)
+    return Tolerance(rtol, atol, *HALF_BOUNDS.get(name, HALF_BOUND))
 
 
 def check_opinfo(info: Any) -> Result:
@@ -291,6 +421,8 @@ def test_opinfo(name):
     result = check_opinfo(_by_name()[name])
     print(f"{name}: {result.status}; samples checked: "
           + ", ".join(f"{_short(d)} {n}" for d, n in result.samples.items())
+          + ("" if xla_compiles_float16() else
+             " (no float16: XLA cannot compile float16 on this instruction set)")
           + "; overloads: " + " ".join(map(str, result.ops)))
     assert result.status == "pass", f"{name}: {result.status}: {result.detail}"
 
@@ -301,7 +433,8 @@ def test_core_coverage_and_skip_lists():
     on table entries that name no OpInfo of this torch."""
     by_name = _by_name()
     unknown = sorted(n for n in [*TESTED, *(k.split("[")[0].split("@")[0] for k in SKIPS),
-                                 *SAMPLE_CAPS, *(k.split("@")[0] for k in TOLERANCES)]
+                                 *SAMPLE_CAPS, *(k.split("@")[0] for k in TOLERANCES),
+                                 *HALF_BOUNDS]
                      if n not in by_name)
     assert not unknown, f"not OpInfo names in this torch: {unknown}"
     assert not set(TESTED) & set(SKIPS), "an OpInfo is both tested and skipped"
@@ -329,6 +462,26 @@ def test_core_coverage_and_skip_lists():
     assert not unaccounted, (
         f"core ATen overloads with neither a lowering nor an entry in CORE_SKIPS: "
         f"{unaccounted}")
+
+
+def test_the_half_precision_bound_holds_torch_s_rounding_and_refuses_more():
+    """The float64 bound passes torch's own float16 result and one a unit of roundoff
+    away, and fails a result eight units away at the largest magnitude, and one computed
+    at bfloat16 where torch computes at float16."""
+    exact = torch.linspace(-3.0, 3.0, 101, dtype=torch.float64).exp()
+    torch_half = exact.half()
+    assert not compare_half(torch_half.numpy(), torch_half, exact, *HALF_BOUND)
+    u = UNIT_ROUNDOFF[np.dtype(np.float16)]
+    scale = float(exact.max())
+    off = torch_half.double().numpy() + u * scale
+    assert not compare_half(off, torch_half, exact, *HALF_BOUND)
+    off[-1] += 8 * u * scale
+    assert "over the bound" in compare_half(off, torch_half, exact, *HALF_BOUND)
+    coarse = exact.bfloat16().double().numpy()
+    assert "over the bound" in compare_half(coarse, torch_half, exact, *HALF_BOUND)
+    nan = torch_half.double().numpy().copy()
+    nan[3] = np.nan
+    assert compare_half(nan, torch_half, exact, *HALF_BOUND) == "NaN positions differ"
 
 
 def _triage() -> None:

@@ -16,12 +16,21 @@ BatchNorm outputs, a zero-initialized bias after a step on such a gradient. So e
 tensor's scale is at least 1e-3 of the largest magnitude among the tensors of its kind
 (outputs, gradients, parameters, buffers).
 
-The tolerance is 1e-5, or twice torch's own float32 error against the same step in
-float64 where that is larger: a BatchNorm network in train mode normalizes over a few
-samples, which amplifies float32 rounding beyond 1e-5 in torch itself (its float32 and
-float64 steps differ by ~1e-5 in the outputs and up to ~5e-4 in a gradient). The
-transformers and the networks without BatchNorm are held to 1e-5 exactly. One step only:
-BatchNorm networks amplify the rounding differences step after step.
+What is bounded: the same step in torch eager at float64 (the model and inputs
+converted) is the exact step; the bridge's error against it, quantity by quantity, is
+at most ``TOL`` = 1e-5 or ``K`` = 3 times torch eager's own float32 error against it,
+whichever is larger. Both frameworks round every product and sum of the forward pass,
+the backward pass and the update to float32, in orders that depend on the CPU (oneDNN's
+and XLA's kernels take other paths on AVX2, AVX-512 and AMX), so neither float32 step
+is the reference: each is within its own rounding error of the exact step, and the
+bridge's may not exceed torch's by more than that factor (over the default cases on
+AVX-512 and AVX2 the ratio measured 0.4-2.2). A distance to torch's float32 step would
+add torch's own error, which moves with the machine. A BatchNorm network in train
+mode normalizes over a few samples, which amplifies float32 rounding beyond 1e-5 in
+torch itself (its float32 and float64 steps differ by up to ~5e-4 in a gradient of
+densenet_small); the transformers and the networks without BatchNorm stay under
+``TOL``, and their bound is ``TOL`` exactly. One step only: BatchNorm networks amplify
+the rounding differences step after step.
 
 Cases marked ``zoo_slow`` (the slowest to export and compile) run only with
 ``CEREBRAX_ZOO_ALL=1``; the default run keeps every architecture in at least one mode.
@@ -38,6 +47,7 @@ import pytest
 from real_models import CASES, StepResult, jax_step, torch_step
 
 TOL = 1e-5
+K = 3  # the bridge's error against float64 at most K times torch's own (docstring)
 ALL = os.environ.get("CEREBRAX_ZOO_ALL") == "1"
 COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
@@ -120,8 +130,9 @@ def _params():
 
 
 def tolerances(want: StepResult, exact: StepResult) -> dict[str, float]:
-    """``TOL``, or twice torch's own float32 error against float64 where that is larger."""
-    return {kind: max(TOL, 2 * err) for kind, (err, _) in errors(want, exact).items()}
+    """``TOL``, or ``K`` times torch's own float32 error against float64 where that is
+    larger."""
+    return {kind: max(TOL, K * err) for kind, (err, _) in errors(want, exact).items()}
 
 
 @pytest.mark.parametrize(("name", "mode"), list(_params()))
@@ -130,11 +141,12 @@ def test_one_step_matches_torch(name, mode):
     train = mode == "train"
     model = case.build().train(train)
     want = torch_step(case, model, train=train)
-    tol = tolerances(want, torch_step(case, model, train=train, double=True))
+    exact = torch_step(case, model, train=train, double=True)
+    tol = tolerances(want, exact)
     run, _ = jax_step(case, model, train=train, compiler_options=COMPILER_OPTIONS)
     got = run()
-    assert abs(got.objective - want.objective) <= tol["outputs"] * max(abs(want.objective), 1)
-    found = errors(got, want)
+    assert abs(got.objective - exact.objective) <= tol["outputs"] * max(abs(exact.objective), 1)
+    found = errors(got, exact)
     bad = {k: v for k, v in found.items() if v[0] > tol[k]}
     assert not bad, f"{name} ({mode}): {found}, tolerances {tol}"
     if name in WELL_CONDITIONED:
