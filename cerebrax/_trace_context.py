@@ -13,6 +13,7 @@ output.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import functools
@@ -95,7 +96,9 @@ class TraceContext:
         self.phase = "forward"
         self.diff: dict[_state.Parameter, Any] = {}
         self.loss: jax.Array | None = None
-        self.grads: dict[_state.Parameter, Any] | None = None
+        # One value per differentiated parameter, written only by set_grad (and kept
+        # equal to the original torch parameter's .grad while torch code runs).
+        self._grads: dict[_state.Parameter, Any] | None = None
         self.deferred: list[tuple[Callable, _Routed, DeferredValue]] = []
         self.written: dict[_state.StateRef, None] = {}
         self.closures: list[_closures.ClosureCall] = []
@@ -160,14 +163,25 @@ class TraceContext:
             )
         self.loss = loss if self.loss is None else self.loss + loss.astype(self.loss.dtype)
 
+    @property
+    def has_grads(self) -> bool:
+        """True once backward has run in this step: gradients can be read and set."""
+        return self._grads is not None
+
+    def differentiated(self, p: _state.Parameter) -> bool:
+        """Whether ``p`` has a gradient slot in this step (it may hold None)."""
+        return self._grads is not None and p in self._grads
+
     def grad(self, p: _state.Parameter) -> Any:
-        if self.grads is None:
+        """``p``'s gradient now: what the last :meth:`set_grad` (or torch code, through
+        the original parameter's ``.grad``) left; None after ``zero_grad()``."""
+        if self._grads is None:
             raise StateError(
                 f"The gradient of {p.name!r} is not available: gradients exist after "
                 "cstorch.backward(loss) (or scaler.scale(loss).backward()), inside the "
                 "gradient-consuming calls that follow it."
             )
-        if p not in self.grads:
+        if p not in self._grads:
             if not p.requires_grad:
                 return None  # as in torch: a frozen parameter has no gradient
             raise StateError(
@@ -176,12 +190,17 @@ class TraceContext:
             )
         original = self.torch_grads.get(p)
         if original is not None:  # torch code may have changed or replaced original.grad
-            self.grads[p] = _torch_grad_value(original, self.grads[p])
-        return self.grads[p]
+            self._grads[p] = _torch_grad_value(original, self._grads[p], p)
+        return self._grads[p]
+
+    def grad_or_none(self, p: _state.Parameter) -> Any:
+        """``p``'s gradient, or None where it has none (not differentiated, or zeroed)."""
+        return self.grad(p) if self.differentiated(p) else None
 
     def set_grad(self, p: _state.Parameter, g: Any) -> None:
+        """Sets ``p``'s gradient (None clears it); the one way a gradient is written."""
         self.grad(p)
-        self.grads[p] = g
+        self._grads[p] = g
         original = self.torch_grads.get(p)
         if original is not None:
             _set_torch_grad(original, g)
@@ -279,7 +298,7 @@ class TraceContext:
         self.phase = "replay"
         if self.loss is not None:
             (grads,) = vjp_fn(jnp.ones_like(loss_out))
-            self.grads = dict(zip(diff_refs, grads))
+            self._grads = dict(zip(diff_refs, grads))
         for call, routed, result in self.deferred:
             cargs, ckwargs = self.unroute(routed)
             result.resolve(call(*cargs, **ckwargs))
@@ -305,11 +324,12 @@ class TraceContext:
 
         saved, made = [], {}
         for original, p in RUNTIME.parameter_aliases.items():
-            if self.grads is not None and p in self.grads:
+            if self.differentiated(p):
                 saved.append((original, original.grad))
                 if p not in made:  # tied originals share one gradient tensor
-                    made[p] = JaxTensor(self.grads[p], original.dtype,
-                                        device=original.device)
+                    value = self._grads[p]
+                    made[p] = None if value is None else JaxTensor(
+                        value, original.dtype, device=original.device)
                 original.grad = made[p]
                 self.torch_grads.setdefault(p, original)
         try:
@@ -345,19 +365,23 @@ def _recording_torch_tensors(created: list) -> Iterator[None]:
             created.extend(made)
 
 
-def _torch_grad_value(original: Any, current: Any) -> Any:
-    """The gradient a torch parameter's ``.grad`` holds now (zeros if set to None)."""
+def _torch_grad_value(original: Any, current: Any, p: _state.Parameter) -> Any:
+    """The gradient a torch parameter's ``.grad`` holds now (None where it was set to
+    None, as torch's ``zero_grad()`` does)."""
     grad = original.grad
     if grad is None:
-        return jnp.zeros_like(current)
-    return torch_to_jax(grad).astype(current.dtype)
+        return None
+    dtype = current.dtype if current is not None else jnp.result_type(p.value)
+    return torch_to_jax(grad).astype(dtype)
 
 
 def _set_torch_grad(original: Any, value: Any) -> None:
     from torch_bridge import JaxTensor
 
     grad = original.grad
-    if isinstance(grad, JaxTensor):
+    if value is None:
+        original.grad = None
+    elif isinstance(grad, JaxTensor):
         grad._jax = value
     else:
         original.grad = JaxTensor(value, original.dtype)
@@ -399,6 +423,14 @@ def backward(loss: Any) -> None:
         ctx.mark_loss(loss)
 
 
+def _listed(call: tuple) -> tuple:
+    """``(args, kwargs)`` with one-shot iterators as lists (``model.parameters()`` is a
+    generator): a deferred call runs later, and JAX's tree functions take no iterators."""
+    args, kwargs = call
+    listed = lambda x: list(x) if isinstance(x, collections.abc.Iterator) else x  # noqa: E731
+    return tuple(map(listed, args)), {k: listed(v) for k, v in kwargs.items()}
+
+
 def deferrable(what: str):
     """Decorates a gradient-consuming method so that, after ``backward``, it is deferred.
 
@@ -410,7 +442,7 @@ def deferrable(what: str):
         @functools.wraps(method)
         def wrapper(self, *args: Any, **kwargs: Any):
             ctx = _state.active_context()
-            args, kwargs = as_jax((args, kwargs))
+            args, kwargs = as_jax(_listed((args, kwargs)))
             if ctx is not None and ctx.after_backward:
                 return ctx.defer(functools.partial(method, self), args, kwargs, what)
             return method(self, *args, **kwargs)
@@ -427,7 +459,7 @@ def deferrable_function(what: str):
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any):
             ctx = _state.active_context()
-            args, kwargs = as_jax((args, kwargs))
+            args, kwargs = as_jax(_listed((args, kwargs)))
             if ctx is not None and ctx.after_backward:
                 return ctx.defer(fn, args, kwargs, what)
             return fn(*args, **kwargs)

@@ -201,15 +201,16 @@ class GradScaler:
             raise StateError(
                 "unscale_() has already been called on this optimizer since the last update()."
             )
-        grads = optimizer._require_grads("GradScaler.unscale_()").grads
-        params = [p for p in optimizer._all_params if grads.get(p) is not None]
+        ctx = optimizer._require_grads("GradScaler.unscale_()")
+        params = [p for p in optimizer._all_params if ctx.grad_or_none(p) is not None]
         if not self._active():
             scratch["unscaled"][id(optimizer)] = jnp.bool_(True)
             return
         inv = 1.0 / self.get_scale()
         for p in params:
-            grads[p] = (grads[p].astype(jnp.float32) * inv).astype(grads[p].dtype)
-        sq = sum((jnp.sum(jnp.square(grads[p].astype(jnp.float32))) for p in params),
+            g = ctx.grad(p)
+            ctx.set_grad(p, (g.astype(jnp.float32) * inv).astype(g.dtype))
+        sq = sum((jnp.sum(jnp.square(ctx.grad(p).astype(jnp.float32))) for p in params),
                  jnp.float32(0))
         # sqrt(inf) = inf and NaN compares false: both mark the step as overflowed.
         scratch["unscaled"][id(optimizer)] = jnp.sqrt(sq) < jnp.inf
@@ -283,14 +284,15 @@ class GradScaler:
     def _clip(self, optimizers: list) -> None:
         pairs = []
         for optimizer in optimizers:
-            grads = optimizer._require_grads("GradScaler.clip_gradients_and_return_isfinite()")
-            pairs += [(grads.grads, p) for p in optimizer._all_params
-                      if grads.grads.get(p) is not None]
-        sq = sum((jnp.sum(jnp.square(g[p].astype(jnp.float32))) for g, p in pairs),
+            ctx = optimizer._require_grads("GradScaler.clip_gradients_and_return_isfinite()")
+            pairs += [(ctx, p) for p in optimizer._all_params
+                      if ctx.grad_or_none(p) is not None]
+        sq = sum((jnp.sum(jnp.square(ctx.grad(p).astype(jnp.float32))) for ctx, p in pairs),
                  jnp.float32(0))
         coef = jnp.minimum(1.0, self.max_gradient_norm / (jnp.sqrt(sq) + 1e-6))
-        for grads, p in pairs:
-            grads[p] = (grads[p].astype(jnp.float32) * coef).astype(grads[p].dtype)
+        for ctx, p in pairs:
+            g = ctx.grad(p)
+            ctx.set_grad(p, (g.astype(jnp.float32) * coef).astype(g.dtype))
 
     @deferrable("GradScaler.update()")
     def update(self, new_scale: Any = None) -> None:

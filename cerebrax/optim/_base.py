@@ -367,10 +367,11 @@ class Optimizer(abc.ABC):
                 args, kwargs = changed
         set_to_none = dict(zip(("set_to_none",), args), **kwargs).get("set_to_none", True)
         ctx = _state.active_context()
-        if ctx is not None and ctx.grads is not None:
+        if ctx is not None and ctx.has_grads:
             for p in self._all_params:
-                if p in ctx.grads:
-                    ctx.grads[p] = None if set_to_none else jnp.zeros_like(ctx.grads[p])
+                g = ctx.grad_or_none(p)
+                if g is not None:
+                    ctx.set_grad(p, None if set_to_none else jnp.zeros_like(g))
         for hook in list(self._zero_grad_hooks("post").values()):
             hook(self, args, kwargs)
 
@@ -511,7 +512,7 @@ class Optimizer(abc.ABC):
                 f"{what} must be called inside a step decorated with @cstorch.trace, after "
                 "cstorch.backward(loss): the update is part of the compiled step."
             )
-        if ctx.grads is None:
+        if not ctx.has_grads:
             raise StateError(
                 f"{what} was called before the loss was marked. Call cstorch.backward(loss) "
                 "(or scaler.scale(loss).backward()) first."

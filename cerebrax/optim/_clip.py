@@ -18,7 +18,7 @@ __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
 def _grads(parameters: Any, what: str):
     ctx = _state.active_context()
-    if ctx is None or ctx.grads is None:
+    if ctx is None or not ctx.has_grads:
         raise StateError(
             f"{what} clips gradients, which exist inside a traced step after "
             "cstorch.backward(loss). Call it there, after backward."
@@ -28,7 +28,7 @@ def _grads(parameters: Any, what: str):
     params = [resolve_parameter(p) for p in parameters]
     if any(p is None for p in params):
         raise ConfigError(f"{what} expects the parameters of a compiled model.")
-    return ctx, [p for p in params if ctx.grads.get(p) is not None]
+    return ctx, [p for p in params if ctx.grad_or_none(p) is not None]
 
 
 @deferrable_function("clip_grad_norm_()")
@@ -48,7 +48,7 @@ def clip_grad_norm_(
             "step; check the returned norm in a step closure instead."
         )
     ctx, params = _grads(parameters, "clip_grad_norm_()")
-    grads = [ctx.grads[p] for p in params]
+    grads = [ctx.grad(p) for p in params]
     if not grads:
         return jnp.zeros((), jnp.float32)
     norm_type = float(norm_type)
@@ -61,7 +61,7 @@ def clip_grad_norm_(
         total = jnp.sum(per) ** (1.0 / norm_type)
     coef = jnp.minimum(max_norm / (total + 1e-6), 1.0)
     for p, g in zip(params, grads):
-        ctx.grads[p] = (g * coef).astype(g.dtype)
+        ctx.set_grad(p, (g * coef).astype(g.dtype))
     return total
 
 
@@ -70,4 +70,4 @@ def clip_grad_value_(parameters: Iterable[Any], clip_value: float) -> None:
     """Clamps every gradient element to ``[-clip_value, clip_value]``."""
     ctx, params = _grads(parameters, "clip_grad_value_()")
     for p in params:
-        ctx.grads[p] = jnp.clip(ctx.grads[p], -clip_value, clip_value)
+        ctx.set_grad(p, jnp.clip(ctx.grad(p), -clip_value, clip_value))

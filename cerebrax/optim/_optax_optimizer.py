@@ -55,15 +55,15 @@ class OptaxOptimizer(Optimizer):
         states = list(self._tx_state.value)
         for i, group in enumerate(self.param_groups):
             params = group["params"]
-            grads = [ctx.grad(p) for p in params]
-            if all(g is None for g in grads):
+            grads_before = [ctx.grad(p) for p in params]
+            if all(g is None for g in grads_before):
                 continue
             values = [p.value for p in params]
             grads = [jnp.zeros_like(v) if g is None else g.astype(v.dtype)
-                     for g, v in zip(grads, values)]
+                     for g, v in zip(grads_before, values)]
             updates, states[i] = self._transform(group).update(grads, states[i], values)
             new_values = optax.apply_updates(values, updates)
-            for p, g, new in zip(params, ctx_grads(ctx, params), new_values):
+            for p, g, new in zip(params, grads_before, new_values):
                 if g is not None:
                     p.value = new
         self._tx_state.value = states
@@ -112,6 +112,3 @@ class OptaxOptimizer(Optimizer):
         self._load_hyperparameters(pairs)
         self._tx_state.value = new_states
 
-
-def ctx_grads(ctx: Any, params: list) -> list:
-    return [ctx.grads.get(p) for p in params]

@@ -1,0 +1,127 @@
+"""Constructs that once trained differently from torch eager, each a named test.
+
+Every test runs the same small torch model through a cerebrax step and through torch
+eager, with the same data and hyperparameters, and compares the losses and the final
+weights (float32: rel 1e-5).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import cerebrax as cstorch
+
+STEPS = 4
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _batches(n: int = STEPS):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(n)]
+
+
+def _weights(model: torch.nn.Module | dict) -> dict:
+    state = model if isinstance(model, dict) else model.state_dict()
+    return {k: np.asarray(v.detach() if isinstance(v, torch.Tensor) else v)
+            for k, v in state.items()}
+
+
+def _assert_same(eager, model, losses, want_losses):
+    """Losses and final weights (modules or state dicts) equal to rel 1e-5."""
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-7)
+    want = _weights(eager)
+    for name, value in _weights(model).items():
+        np.testing.assert_allclose(value, want[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_cstorch_clip_grad_norm_clips_after_loss_backward():
+    """``cstorch.optim.clip_grad_norm_`` after ``loss.backward()`` clips as torch's does
+    (it once left the gradients unclipped: the update equalled no clip at all)."""
+    eager = _model()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = []
+    for x, y in _batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(eager(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.01)
+        opt.step()
+        want.append(loss.item())
+
+    cstorch.amp.set_half_dtype("float32")
+    model = _model()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        cstorch.optim.clip_grad_norm_(model.parameters(), 0.01)
+        optimizer.step()
+        return loss
+
+    losses = [float(step(x, y)) for x, y in _batches()]
+    _assert_same(eager, model, losses, want)
+
+
+def _csx_run(half: str, loss_scale: float | None):
+    cstorch.reset()
+    cstorch.amp.set_half_dtype(half)
+    model = _model()
+    compiled = cstorch.compile(model, cstorch.backend("CSX"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = None if loss_scale is None else cstorch.amp.GradScaler(loss_scale=loss_scale)
+
+    @cstorch.trace
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+            return loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    losses = [float(step(x, y)) for x, y in _batches()]
+    return {k: np.asarray(v) for k, v in model.state_dict().items()}, losses
+
+
+def test_a_static_loss_scale_is_removed_on_csx_at_float32():
+    """``GradScaler(loss_scale=1024.0)`` with ``scale(loss).backward(); unscale_(opt);
+    step(opt); update()`` and no clip trains as torch eager without a scaler (a power of
+    two scales and unscales exactly); it once applied updates 1024 times too large on
+    the CSX backend."""
+    eager = _model()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = []
+    for x, y in _batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(eager(x), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    model, losses = _csx_run("float32", 1024.0)
+    _assert_same(eager, model, losses, want)
+
+
+def test_a_static_loss_scale_is_removed_on_csx_at_float16():
+    """The same at float16 compute, against the same float16 step without a scaler:
+    scaling the loss by 2**10 and the gradients back by 2**-10 changes no float16 or
+    float32 value that neither overflows nor underflows, so the two runs are equal."""
+    plain, want = _csx_run("float16", None)
+    scaled, losses = _csx_run("float16", 1024.0)
+    _assert_same(plain, scaled, losses, want)
