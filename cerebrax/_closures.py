@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -122,12 +123,13 @@ def record(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str) -> None
         ctx.add_closure(fn, args, kwargs, kind)
         return
     executor = current_executor()
+    args, kwargs = _torch_arguments((args, kwargs))
     if executor is None:
         if kind == "summary":
             return  # no executor, no writer: summaries are dropped
         if kind == "checkpoint":
             raise StateError(MSG_CHECKPOINT_OUTSIDE.format(detail=""))
-        args, kwargs = to_host((args, kwargs))
+        args, kwargs = _materialize((args, kwargs))
         fn(*args, **kwargs)
         return
     step = executor.iteration
@@ -277,6 +279,17 @@ def _guard_stale_read(ref: _state.StateRef) -> None:
 
 
 _state.add_read_guard(_guard_stale_read)
+
+
+def _torch_arguments(tree: Any) -> Any:
+    """``tree`` with a step's torch tensors (what a step returned) as :class:`_AsTorch`:
+    the closure gets them as host torch tensors, as it does when called in the step."""
+    if "torch" not in sys.modules:
+        return tree
+    return jax.tree.map(
+        lambda x: _AsTorch(x.__jax_array__(), x.dtype)
+        if is_torch_tensor(x) and hasattr(x, "__jax_array__") else x,
+        tree, is_leaf=is_torch_tensor)
 
 
 def _protect_from_donation(tree: Any) -> Any:

@@ -98,6 +98,7 @@ class TracedStep:
         self._diff_refs: list[_state.Parameter] = []
         self._backend = None
         self._out_spec: tuple | None = None
+        self._out_torch: list = []  # the torch dtype of each output array (None: JAX)
         self._closure_calls: list[_closures.ClosureCall] = []
         self._modes: list[tuple[Any, bool]] = []
         self._state_shardings: list | None = None
@@ -244,15 +245,20 @@ class TracedStep:
         self.num_compiles += 1
 
     def _finish(self, ctx: TraceContext, old_values: list, out: Any):
-        out = as_jax(out)  # torch tensors of the step leave it as JAX arrays
         new_values = []
         for ref, old in zip(self._refs, old_values):
             new = ctx.values[ref]
             new_values.append(jax.tree.map(_match_dtype, new, old))
         out_leaves, out_def = jax.tree.flatten(
-            out, is_leaf=lambda x: isinstance(x, DeferredValue)
+            out, is_leaf=lambda x: isinstance(x, DeferredValue) or is_torch_tensor(x)
         )
+        # A torch tensor of the step leaves the program as a JAX array, and comes back to
+        # the caller as a torch tensor of its dtype (see __call__).
+        torch_dtypes = [x.dtype if is_torch_tensor(x) else None for x in out_leaves]
+        out_leaves = as_jax(out_leaves)
         out_arrays = [x for x in out_leaves if isinstance(x, jax.Array)]
+        self._out_torch = [d for x, d in zip(out_leaves, torch_dtypes)
+                           if isinstance(x, jax.Array)]
         self._out_spec = (out_def, [None if isinstance(x, jax.Array) else x for x in out_leaves])
         closure_arrays = _closures.split_arguments(ctx.closures, ctx.unroute)
         self._closure_calls = ctx.closures
@@ -284,7 +290,7 @@ class TracedStep:
         for ref, value in zip(self._refs, new_states):
             ref._value = value
         out_def, out_statics = self._out_spec
-        it = iter(out_arrays)
+        it = iter(_as_torch_outputs(out_arrays, self._out_torch))
         out = jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
         _closures.after_dispatch(self._closure_calls, closure_arrays, out_arrays, out,
                                  self.__name__)
@@ -484,3 +490,11 @@ def trace(fn: Callable[..., Any]) -> TracedStep:
 compile_step = trace
 
 
+def _as_torch_outputs(arrays: list, torch_dtypes: list) -> list:
+    """The step's output arrays, those that were torch tensors in the step as torch
+    tensors again (``torch_bridge.JaxTensor`` over the array: no host transfer)."""
+    if not any(d is not None for d in torch_dtypes):
+        return arrays
+    from torch_bridge import JaxTensor
+
+    return [x if d is None else JaxTensor(x, d) for x, d in zip(arrays, torch_dtypes)]

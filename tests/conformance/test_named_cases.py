@@ -125,3 +125,45 @@ def test_a_static_loss_scale_is_removed_on_csx_at_float16():
     plain, want = _csx_run("float16", None)
     scaled, losses = _csx_run("float16", 1024.0)
     _assert_same(plain, scaled, losses, want)
+
+
+def test_a_returned_torch_value_is_a_torch_tensor_in_a_closure_called_outside():
+    """Seed 001 calls ``post_training_step(loss)`` outside the step on the returned
+    loss: the closure gets a torch tensor (it once got numpy, and ``torch.isnan(loss)``
+    failed); the value is torch eager's."""
+    eager = _model()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = []
+    for x, y in _batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(eager(x), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+
+    cstorch.amp.set_half_dtype("float32")
+    model = _model()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    @cstorch.trace
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    @cstorch.step_closure
+    def post_training_step(loss):
+        assert isinstance(loss, torch.Tensor) and loss.dtype == torch.float32
+        assert not torch.isnan(loss)
+        seen.append(loss.item())
+
+    for x, y in _batches():
+        loss = step(x, y)
+        assert isinstance(loss, torch.Tensor) and loss.dtype == torch.float32
+        post_training_step(loss)
+    np.testing.assert_allclose(seen, want, rtol=1e-5, atol=1e-7)
+    _assert_same(eager, model, seen, want)
