@@ -120,17 +120,25 @@ class Converted:
         kwargs = {**self.defaults, **(kwargs or {})}
         return pytree.tree_flatten((tuple(args), kwargs))
 
-    def program(self, args: tuple, kwargs: dict | None = None, *, train: bool | None = None
-                ) -> Program:
+    def program(self, args: tuple, kwargs: dict | None = None, *, train: bool | None = None,
+                torch_dtypes: tuple | None = None) -> Program:
         """The exported graph for inputs like these (exported at the first use, cached).
 
         Array inputs are traced; every other input (a bool, int, string, None) is a
         constant of the graph and part of its signature: ``use_cache=False`` and
-        ``use_cache=True`` are two graphs.
+        ``use_cache=True`` are two graphs. A JAX integer input exports as ``int64``
+        (JAX holds torch's ``int64`` as ``int32`` unless x64 is on) unless
+        ``torch_dtypes`` (one entry per leaf of :meth:`flatten`, None where unknown)
+        names the torch integer dtype it stands for: an ``int32`` tensor stays ``int32``
+        in ``forward``.
         """
         train = self.train if train is None else bool(train)
         leaves, spec = self.flatten(args, kwargs)
-        signature = (train, spec, tuple(_leaf_signature(x) for x in leaves))
+        dtypes = list(torch_dtypes) if torch_dtypes is not None else [None] * len(leaves)
+        dtypes = [d if d is not None and not d.is_floating_point and _is_input_array(x)
+                  and not isinstance(x, torch.Tensor) else None
+                  for x, d in zip(leaves, dtypes)]
+        signature = (train, spec, tuple(_leaf_signature(x) for x in leaves), tuple(dtypes))
         program = self._programs.get(signature)
         if program is None:
             # A module whose tensors are on torch's meta device (built there, or whose
@@ -138,7 +146,7 @@ class Converted:
             # tensors its forward creates land there too: only shapes matter here.
             on_meta = any(t.is_meta for t in (*self.module.parameters(),
                                               *self.module.buffers()))
-            examples = [self._example(x, meta=on_meta) for x in leaves]
+            examples = [self._example(x, meta=on_meta, dtype=d) for x, d in zip(leaves, dtypes)]
             targs, tkwargs = pytree.tree_unflatten(examples, spec)
             with torch.device("meta") if on_meta else contextlib.nullcontext():
                 exported = export_program(self.module, targs, tkwargs, train=train)
@@ -146,12 +154,13 @@ class Converted:
             self._programs[signature] = program
         return program
 
-    def _example(self, x: Any, *, meta: bool = False) -> Any:
+    def _example(self, x: Any, *, meta: bool = False, dtype: torch.dtype | None = None
+                 ) -> Any:
         if isinstance(x, torch.Tensor):
             return x.to("meta") if meta else x
         if not _is_input_array(x):
             return x
-        dtype = export_dtype(x.dtype)
+        dtype = dtype or export_dtype(x.dtype)
         if dtype.is_floating_point and self._float_dtype is not None:
             dtype = self._float_dtype
         return torch.zeros(tuple(x.shape), dtype=dtype, device="meta" if meta else None)
@@ -163,16 +172,17 @@ class Converted:
 
     # ---- running ------------------------------------------------------------------
     def run(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
-            train: bool | None = None, key: jax.Array | None = None, flat: bool = False
-            ) -> tuple[Any, dict]:
+            train: bool | None = None, key: jax.Array | None = None, flat: bool = False,
+            program: Program | None = None) -> tuple[Any, dict]:
         """``apply`` with the inputs as a tuple and a dict, in either mode.
 
         With ``flat=True`` the outputs are torch's pytree leaves (a list), for a caller
         that returns them from ``jax.jit``: JAX does not know torch-side containers such
         as a transformers ``ModelOutput``. ``self.program(args, kwargs).out_spec``
-        rebuilds them (``torch.utils._pytree.tree_unflatten``).
+        rebuilds them (``torch.utils._pytree.tree_unflatten``). ``program``: the graph
+        to run, where the caller looked it up (:meth:`program`'s ``torch_dtypes``).
         """
-        program = self.program(args, kwargs, train=train)
+        program = program or self.program(args, kwargs, train=train)
         leaves, _ = self.flatten(args, kwargs)
         inputs = [to_jax(x) if _is_input_array(x) else x for x in leaves]
         outs, mutated = program.run(params, buffers, inputs, key)

@@ -11,6 +11,7 @@ of models ``compile`` accepts are adapters behind one seam, :class:`ModelAdapter
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -222,11 +223,15 @@ class CompiledModel:
         key = None
         if self._rng is not None:
             key, self._rng.value = jax.random.split(self._rng.value)
-        out, new_buffers = self._forward(
-            {n: p.value for n, p in self._params.items()},
-            {n: b.value for n, b in self._buffers.items()},
-            key, *as_jax((args, kwargs)), self.training,
-        )
+        # A torch model's integer inputs keep their torch dtype in forward (an int32
+        # tensor stays int32), though JAX holds both torch int32 and int64 as int32.
+        dtypes = self._adapter.torch_dtypes(args, kwargs) if self.is_torch else None
+        with self._adapter.calling_with(dtypes) if self.is_torch else contextlib.nullcontext():
+            out, new_buffers = self._forward(
+                {n: p.value for n, p in self._params.items()},
+                {n: b.value for n, b in self._buffers.items()},
+                key, *as_jax((args, kwargs)), self.training,
+            )
         for name, value in new_buffers.items():
             self._buffers[name].value = value
         # Like in, like out: a torch model called on torch tensors returns torch tensors

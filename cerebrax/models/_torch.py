@@ -7,7 +7,8 @@ the original module to the compiled state (:mod:`._torch_hooks`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -85,6 +86,7 @@ class TorchModelAdapter(ModelAdapter):
         self._state_names = list(module.state_dict(keep_vars=True))
         self._frozen = {name for name, p in module.named_parameters()
                         if not p.requires_grad}
+        self._call_dtypes: tuple | None = None  # see calling_with
 
     def params(self) -> Mapping[str, Any]:
         # Tensors built under `with backend.device:` (or on meta) are freed as the
@@ -97,11 +99,31 @@ class TorchModelAdapter(ModelAdapter):
     def initial_key(self) -> jax.Array:
         return random_seed()
 
+    def torch_dtypes(self, args: tuple, kwargs: dict) -> tuple:
+        """The torch dtype of each input leaf (in the order of ``converted.flatten``)
+        where the caller passed a torch tensor, else None: what :meth:`apply` exports
+        the JAX values it is then given as."""
+        leaves, _ = self.converted.flatten(args, kwargs)
+        return tuple(x.dtype if isinstance(x, torch.Tensor) else None for x in leaves)
+
+    @contextlib.contextmanager
+    def calling_with(self, torch_dtypes: tuple | None) -> Iterator[None]:
+        """The block traces one call whose inputs had ``torch_dtypes``."""
+        saved, self._call_dtypes = self._call_dtypes, torch_dtypes
+        try:
+            yield
+        finally:
+            self._call_dtypes = saved
+
+    def _program(self, args: tuple, kwargs: dict, train: bool):
+        return self.converted.program(args, kwargs, train=train,
+                                      torch_dtypes=self._call_dtypes)
+
     def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *, train: bool,
               key: jax.Array | None) -> tuple[TorchOutputs, dict]:
-        program = self.converted.program(args, kwargs, train=train)
+        program = self._program(args, kwargs, train)
         out, new_buffers = self.converted.run(params, buffers, args, kwargs, train=train,
-                                              key=key, flat=True)
+                                              key=key, flat=True, program=program)
         return TorchOutputs(out, program.out_spec), new_buffers
 
     def outputs(self, out: TorchOutputs, *, torch_tensors: bool) -> Any:
@@ -124,7 +146,7 @@ class TorchModelAdapter(ModelAdapter):
         the last block, which hands on less (no attention mask), joins the scan through
         its projection (:meth:`torch_bridge.Program.layer_projection`).
         """
-        program = self.converted.program(args, kwargs, train=train)
+        program = self._program(args, kwargs, train)
         units = program.layers()
         nodes = [n for _, n in units]
 
