@@ -280,7 +280,9 @@ class TraceContext:
                 result = self.worker.switch()
             finished = isinstance(result, _Finished)
             out_routed = self.route(result.value) if finished else None
-            tensors = [t for t in (ref() for ref in created) if t is not None]
+            # Views take their value from their base: only the others get one.
+            tensors = [t for t in (ref() for ref in created)
+                       if t is not None and not _is_view(t)]
             written = list(self.written)
             loss = self.loss if self.loss is not None else jnp.zeros((), jnp.float32)
             self.phase = "after_forward"
@@ -363,6 +365,12 @@ def _recording_torch_tensors(created: list) -> Iterator[None]:
             yield
         finally:
             created.extend(made)
+
+
+def _is_view(tensor: Any) -> bool:
+    from torch_bridge import is_view
+
+    return is_view(tensor)
 
 
 def _torch_grad_value(original: Any, current: Any, p: _state.Parameter) -> Any:

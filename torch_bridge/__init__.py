@@ -14,6 +14,7 @@ from .ops._dtypes import export_dtype as export_dtype
 from .ops._dtypes import to_jax as to_jax
 from ._program import Program as Program
 from ._tensor import JaxTensor as JaxTensor
+from ._tensor import is_view as is_view
 from ._tensor import on_backward as on_backward
 from ._tensor import recording as recording
 from .ops import lowered_ops as lowered_ops

@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 import torch._decomp
 import torch.utils._pytree as pytree
@@ -44,7 +45,7 @@ from cerebrax.errors import UnsupportedOpError
 from . import ops
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
 
-__all__ = ["JaxTensor", "on_backward", "recording", "unwrap", "wrap"]
+__all__ = ["JaxTensor", "is_view", "on_backward", "recording", "unwrap", "wrap"]
 
 aten = torch.ops.aten
 
@@ -71,6 +72,11 @@ Register a lowering (it receives the op's arguments with every tensor as a JAX a
     def my_lowering(*args, **kwargs):
         ...  # JAX code; return a jax.Array, or a tuple if the op returns several"""
 
+MSG_DETACHED_WRITE = """\
+An in-place op writes into x.detach() (or a view of it) inside a compiled step. In
+torch that changes x's values but not the gradient computed through x, which cerebrax
+does not reproduce. Write into a copy, x.detach().clone(), or compute a new tensor."""
+
 # Ops that return a Python number: they read the value.
 _READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 # Ops that only relabel a value (their lowering would copy it or stop its gradient).
@@ -92,7 +98,11 @@ class JaxTensor(torch.Tensor):
         gradient of a parameter whose storage the compiled state took over).
     """
 
-    _jax: jax.Array
+    _value: jax.Array
+    # A view (``x[:, 0]``, ``x.select(1, 1)``, ``x.detach()``): the tensor it views and the
+    # function from that tensor's value to this one's. Its value is read from the base
+    # and a write to it writes the base, as torch's views alias their base's storage.
+    _view: tuple[JaxTensor, Callable[[jax.Array], jax.Array]] | None = None
 
     @staticmethod
     def __new__(cls, value: jax.Array, dtype: torch.dtype | None = None,
@@ -110,6 +120,24 @@ class JaxTensor(torch.Tensor):
             recorder.append(weakref.ref(self))
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def _jax(self) -> jax.Array:
+        """The value; a view's is computed from its base's current value."""
+        if self._view is None:
+            return self._value
+        base, fn = self._view
+        return fn(base._jax)
+
+    @_jax.setter
+    def _jax(self, value: jax.Array) -> None:
+        if self._view is None:
+            self._value = value
+            return
+        base, fn = self._view
+        if fn is _detached:
+            raise UnsupportedOpError(MSG_DETACHED_WRITE)
+        base._jax = _write_through(fn, base, value)
 
     def __jax_array__(self) -> jax.Array:
         return self._jax
@@ -142,6 +170,11 @@ class JaxTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         return dispatch(func, args, kwargs or {})
+
+
+def is_view(tensor: Any) -> bool:
+    """Whether ``tensor`` is a JaxTensor that views another (its value is the other's)."""
+    return isinstance(tensor, JaxTensor) and tensor._view is not None
 
 
 def wrap(value: Any, dtype: torch.dtype | None = None) -> JaxTensor:
@@ -182,7 +215,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if func in _READS:
         return _read(func, args, kwargs)
     if func in _ALIASES:
-        return JaxTensor(args[0]._jax, args[0].dtype)
+        if func is aten.lift_fresh.default:
+            return JaxTensor(args[0]._jax, args[0].dtype)
+        fn = _detached if func is aten.detach.default else (lambda v: v)
+        return _viewing(JaxTensor(args[0]._jax, args[0].dtype), args[0], fn)
     if func is aten.copy_.default:
         return _copy_(*args, **kwargs)
     if func._schema.is_mutable and func._schema.name.endswith("_"):
@@ -193,7 +229,55 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     meta_args, meta_kwargs = _to_meta((args, kwargs))
     meta = func(*meta_args, **meta_kwargs)  # torch's shapes and dtypes of the results
     jax_args, jax_kwargs = _to_jax((args, kwargs))
-    return _wrap_like(entry.fn(*jax_args, **jax_kwargs), meta, func)
+    out = _wrap_like(entry.fn(*jax_args, **jax_kwargs), meta, func)
+    if func.is_view and isinstance(args[0], JaxTensor):
+        return _views(out, func, args, kwargs, entry.fn, jax_args, jax_kwargs)
+    return out
+
+
+def _views(out: Any, func: Any, args: tuple, kwargs: dict, fn: Callable, jax_args: tuple,
+           jax_kwargs: dict) -> Any:
+    """A view op's results as views of ``args[0]`` (one, or each of a list)."""
+    base, rest = args[0], jax_args[1:]
+    if isinstance(out, JaxTensor):
+        return _viewing(out, base, lambda v: fn(v, *rest, **jax_kwargs))
+    return type(out)(
+        _viewing(o, base, lambda v, i=i: fn(v, *rest, **jax_kwargs)[i])
+        for i, o in enumerate(out))
+
+
+def _viewing(view: JaxTensor, base: JaxTensor, fn: Callable) -> JaxTensor:
+    view._view = (base, fn)
+    return view
+
+
+def _detached(value: jax.Array) -> jax.Array:
+    """``x.detach()``'s view function."""
+    return value
+
+
+def _write_through(fn: Callable, base: JaxTensor, value: jax.Array) -> jax.Array:
+    """``base``'s new value after the view ``fn(base)`` is overwritten with ``value``.
+
+    Which base element each view element reads comes from the view function applied
+    to the elements' positions, a constant computed while the step is traced."""
+    current = base._jax
+    with jax.ensure_compile_time_eval():  # a constant, not a part of the program
+        positions = fn(jnp.arange(current.size, dtype=jnp.int32).reshape(current.shape))
+    if (isinstance(positions, jax.core.Tracer) or jnp.shape(positions) != jnp.shape(value)
+            or not jnp.issubdtype(positions.dtype, jnp.integer)):
+        raise UnsupportedOpError(
+            "An in-place op writes into a view that reinterprets its tensor (a dtype "
+            "view such as view(torch.int32), or view_as_real): compute a new tensor instead "
+            "of writing in place.")
+    positions = np.asarray(positions).reshape(-1)
+    if np.unique(positions).size != positions.size:
+        raise UnsupportedOpError(
+            "An in-place op writes into a view in which several elements are one element "
+            "of its tensor (an expand()); torch refuses it too. Write to a clone() of the "
+            "view instead.")
+    value = jnp.asarray(value).astype(current.dtype).reshape(-1)
+    return current.reshape(-1).at[positions].set(value).reshape(current.shape)
 
 
 def _read(func: Any, args: tuple, kwargs: dict) -> Any:

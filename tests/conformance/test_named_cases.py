@@ -218,3 +218,100 @@ def test_int32_inputs_stay_int32_in_forward(backend, half):
     losses = [float(step(ids, y)) for ids, y in data]
     if half == "float32":
         _assert_same(eager, model, losses, want)
+
+
+def _view_write(out: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "setitem":
+        out[:, 0] = 0
+    elif how == "select":
+        out.select(1, 1).mul_(0.5)
+    elif how == "narrow":
+        out.narrow(0, 0, 2).add_(1)
+    elif how == "view of a view":
+        out.t()[1:].narrow(1, 1, 2).sub_(0.25)
+    return out
+
+
+@pytest.mark.parametrize("how", ["setitem", "select", "narrow", "view of a view"])
+def test_writes_through_views_reach_their_tensor(how):
+    """In-place writes into views (``out[:, 0] = 0``, ``out.select(1, 1).mul_(0.5)``,
+    ``out.narrow(0, 0, 2).add_(1)``) change the tensor they view, as in torch; they once
+    changed only the view, and the loss differed from torch's without a word."""
+    eager = _model()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = []
+    for x, y in _batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(_view_write(eager(x).clone(), how), y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+
+    cstorch.amp.set_half_dtype("float32")
+    model = _model()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(_view_write(compiled(x).clone(), how), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    losses = [float(step(x, y)) for x, y in _batches()]
+    _assert_same(eager, model, losses, want)
+
+
+def test_a_write_into_a_view_of_a_gradient_changes_the_gradient():
+    """``p.grad[0].mul_(2)`` after ``loss.backward()`` doubles row 0 of the gradient."""
+    eager = _model()
+    opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    want = []
+    for x, y in _batches():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(eager(x), y)
+        loss.backward()
+        eager[0].weight.grad[0].mul_(2)
+        opt.step()
+        want.append(loss.item())
+
+    cstorch.amp.set_half_dtype("float32")
+    model = _model()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        loss.backward()
+        model[0].weight.grad[0].mul_(2)
+        optimizer.step()
+        return loss
+
+    losses = [float(step(x, y)) for x, y in _batches()]
+    _assert_same(eager, model, losses, want)
+
+
+def test_a_write_into_a_detached_alias_is_an_error_that_names_the_fix():
+    """torch changes x's values but not its gradient when x.detach() is written in place:
+    cerebrax refuses it at trace time instead of training differently."""
+    cstorch.amp.set_half_dtype("float32")
+    model = _model()
+    compiled = cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        out = compiled(x)
+        out.detach()[-1].zero_()
+        loss = torch.nn.functional.mse_loss(out, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    x, y = _batches(1)[0]
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match=r"detach\(\)\.clone\(\)"):
+        step(x, y)
