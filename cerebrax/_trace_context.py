@@ -105,9 +105,8 @@ class TraceContext:
         self.aux: list = []
         self.aux_out: list = []
         self.models_used: list = []
-        self.condition: jax.Array | None = None
-        self.scalers_stepped: set = set()
-        self.scratch: dict = {}  # per-step bookkeeping of grad scalers and optimizers
+        self._condition: jax.Array | None = None  # skippable writes happen where True
+        self._records: dict = {}  # per-step bookkeeping of grad scalers and optimizers
         # Torch-native steps (see run): the step's code runs in this greenlet, and the
         # original torch parameters whose .grad holds a gradient after backward.
         self.worker: greenlet.greenlet | None = None
@@ -136,12 +135,32 @@ class TraceContext:
                 f"A traced step wrote a value with {problem} to {ref.name!r}; state keeps "
                 "its structure, shapes and dtypes in a static graph."
             )
-        if self.condition is not None and ref.skippable:
-            value = jax.tree.map(lambda n, o: jnp.where(self.condition, n, o), value, old)
+        if self._condition is not None and ref.skippable:
+            value = jax.tree.map(lambda n, o: jnp.where(self._condition, n, o), value, old)
         if self.phase == "forward":
             self.written[ref] = None
             self.diff.pop(ref, None)
         self.values[ref] = value
+
+    def skip_writes_unless(self, flag: jax.Array) -> None:
+        """From here on, writes to skippable state (optimizer and scheduler state) keep
+        their old value where ``flag`` is False (a grad scaler's overflow skip)."""
+        self._condition = flag if self._condition is None else jnp.logical_and(
+            self._condition, flag)
+
+    def record(self, key: Any, default: Any = None) -> Any:
+        """This step's bookkeeping entry ``key`` (set to ``default`` when missing and a
+        default is given; None when missing without one)."""
+        if default is not None:
+            return self._records.setdefault(key, default)
+        return self._records.get(key)
+
+    def set_record(self, key: Any, value: Any) -> None:
+        self._records[key] = value
+
+    def records(self) -> list[tuple[Any, Any]]:
+        """Every bookkeeping entry of this step, as ``(key, value)`` pairs."""
+        return list(self._records.items())
 
     # ---- gradients ---------------------------------------------------------------
     def mark_loss(self, loss: Any) -> None:

@@ -239,3 +239,59 @@ def test_one_definition_of_is_array():
     pattern = re.compile(r"def _?is_array\b")
     hits = [str(p.relative_to(ROOT)) for p in MODULES.values() if pattern.search(p.read_text())]
     assert hits == ["cerebrax/_filters.py"]
+
+
+# ---- one owner of a traced step's state ---------------------------------------------------
+_MUTATORS = {"append", "extend", "add", "update", "setdefault", "pop", "clear", "remove",
+             "insert", "discard", "popitem"}
+
+
+def _context_writes(module: str, tree: ast.AST) -> list[str]:
+    """Writes to a field of a trace context (a variable named ``ctx``) in ``tree``:
+    ``ctx.f = v``, ``ctx.f += v``, ``ctx.f[k] = v``, ``del ctx.f[k]``, ``ctx.f.append(v)``."""
+    def field(target: ast.AST) -> str | None:
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                and target.value.id == "ctx"):
+            return target.attr
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        targets: list = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in _MUTATORS):
+            targets = [node.func.value]
+        for target in targets:
+            name = field(target)
+            if name is not None:
+                found.append(f"{module}:{node.lineno} writes ctx.{name}")
+    return found
+
+
+def test_only_the_trace_context_writes_its_fields():
+    """Gradients, bookkeeping and the skip condition are written through the context's
+    own verbs (``set_grad``, ``record``, ``skip_writes_unless``, ...), so a value has one
+    writer and one place where torch's ``.grad`` is kept in step."""
+    writes = []
+    for module, path in MODULES.items():
+        if module != "cerebrax._trace_context":
+            writes += _context_writes(module, ast.parse(path.read_text(), str(path)))
+    assert not writes, "trace context fields written outside its module:\n" + "\n".join(writes)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("ctx.grads[p] = g\n", 1),
+    ("ctx.condition = flag\n", 1),
+    ("ctx.scratch.setdefault(k, {})\n", 1),
+    ("ctx.set_grad(p, g)\nx = ctx.grad(p)\n", 0),
+])
+def test_the_context_write_check_sees_each_form(source, expected):
+    assert len(_context_writes("probe", ast.parse(source))) == expected

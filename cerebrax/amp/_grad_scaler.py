@@ -136,7 +136,7 @@ class GradScaler:
         return backend is not None and backend.is_csx
 
     def _scratch(self, ctx: Any) -> dict:
-        return ctx.scratch.setdefault(
+        return ctx.record(
             ("grad_scaler", id(self)), {"unscaled": {}, "stepped": set(), "updated": False}
         )
 
@@ -249,11 +249,10 @@ class GradScaler:
     def _step_if(self, finite: jax.Array, optimizer: Any, args: tuple, kwargs: dict) -> Any:
         ctx = self._context("step()")
         self._scratch(ctx)["stepped"].add(id(optimizer))
-        ctx.scratch[("isfinite", id(optimizer))] = finite  # for amp.isfinite(optimizer)
+        ctx.set_record(("isfinite", id(optimizer)), finite)  # for amp.isfinite(optimizer)
         if not (self._active() and self.dynamic):
             return optimizer.step(*args, **kwargs)
-        previous = ctx.condition
-        ctx.condition = finite if previous is None else jnp.logical_and(previous, finite)
+        ctx.skip_writes_unless(finite)
         result = optimizer.step(*args, **kwargs)
         # Later skippable writes of this step (scheduler steps) are skipped as well.
         state = dict(self._state.value)
@@ -362,7 +361,7 @@ class GradScaler:
 
 def _scalers_of(ctx: Any) -> list[dict]:
     """The per-step records of the grad scalers used in this step."""
-    return [v for k, v in ctx.scratch.items() if isinstance(k, tuple) and k[0] == "grad_scaler"]
+    return [v for k, v in ctx.records() if isinstance(k, tuple) and k[0] == "grad_scaler"]
 
 
 @deferrable_function("cstorch.amp.isfinite()")
@@ -378,7 +377,7 @@ def isfinite(optimizer: Any) -> Any:
     ctx = _state.active_context()
     if ctx is None:
         return True
-    stepped = ctx.scratch.get(("isfinite", id(optimizer)))
+    stepped = ctx.record(("isfinite", id(optimizer)))
     if stepped is not None:
         return stepped  # the flag its scaler step was conditioned on
     flags = [s["unscaled"][id(optimizer)] for s in _scalers_of(ctx)
