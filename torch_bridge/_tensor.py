@@ -77,6 +77,11 @@ An in-place op writes into x.detach() (or a view of it) inside a compiled step. 
 torch that changes x's values but not the gradient computed through x, which cerebrax
 does not reproduce. Write into a copy, x.detach().clone(), or compute a new tensor."""
 
+MSG_REINTERPRETING_WRITE = """\
+An in-place op writes into a view that reinterprets its tensor's bytes (a dtype view
+such as x.view(torch.int32), or view_as_real) inside a compiled step. cerebrax does not
+write through such views: compute a new tensor instead of writing in place."""
+
 # Ops that return a Python number: they read the value.
 _READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 # Ops that only relabel a value (their lowering would copy it or stop its gradient).
@@ -137,6 +142,8 @@ class JaxTensor(torch.Tensor):
         base, fn = self._view
         if fn is _detached:
             raise UnsupportedOpError(MSG_DETACHED_WRITE)
+        if self.dtype != base.dtype:  # view(torch.int32) of a float tensor, say
+            raise UnsupportedOpError(MSG_REINTERPRETING_WRITE)
         base._jax = _write_through(fn, base, value)
 
     def __jax_array__(self) -> jax.Array:
@@ -266,10 +273,7 @@ def _write_through(fn: Callable, base: JaxTensor, value: jax.Array) -> jax.Array
         positions = fn(jnp.arange(current.size, dtype=jnp.int32).reshape(current.shape))
     if (isinstance(positions, jax.core.Tracer) or jnp.shape(positions) != jnp.shape(value)
             or not jnp.issubdtype(positions.dtype, jnp.integer)):
-        raise UnsupportedOpError(
-            "An in-place op writes into a view that reinterprets its tensor (a dtype "
-            "view such as view(torch.int32), or view_as_real): compute a new tensor instead "
-            "of writing in place.")
+        raise UnsupportedOpError(MSG_REINTERPRETING_WRITE)
     positions = np.asarray(positions).reshape(-1)
     if np.unique(positions).size != positions.size:
         raise UnsupportedOpError(

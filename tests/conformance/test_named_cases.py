@@ -233,3 +233,21 @@ def test_a_write_into_a_detached_alias_is_an_error_that_names_the_fix():
 
     with pytest.raises(cstorch.errors.UnsupportedOpError, match=r"detach\(\)\.clone\(\)"):
         compiled(on_output=zero_last_row)
+
+
+@pytest.mark.parametrize("write, match", [
+    (lambda out: torch.view_as_real(torch.complex(out, out))[..., 1].zero_(),
+     "reinterprets its tensor's bytes"),
+    (lambda out: out[:1].expand(5, 3).add_(1), r"expand\(\)"),
+])
+def test_writes_torch_would_alias_differently_are_errors_that_name_the_fix(write, match):
+    """A write through a view that reinterprets its tensor (``view_as_real``) and one
+    into an expanded view (several elements are one; torch refuses it) raise at trace
+    time instead of training differently."""
+    def on_output(out, model):
+        out = out.clone()
+        write(out)
+        return out
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match=match):
+        compiled(on_output=on_output)
