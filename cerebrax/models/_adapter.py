@@ -8,6 +8,7 @@ function. ``register_model_adapter`` teaches ``compile`` a new kind.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,12 @@ class ModelAdapter(abc.ABC):
         call is in a traced step on torch inputs, and torch code reads the outputs.
         """
         return out
+
+    def calling_with(self, args: tuple, kwargs: dict) -> contextlib.AbstractContextManager:
+        """A block that traces one call on ``(args, kwargs)``, as given by the caller
+        (before torch tensors become JAX values): a torch model keeps its inputs' torch
+        integer dtypes there. Nothing to keep for other models."""
+        return contextlib.nullcontext()
 
     def parameter_aliases(self) -> Mapping[Any, str]:
         """``{original parameter object: name}``, for optimizers given those objects.

@@ -11,7 +11,6 @@ of models ``compile`` accepts are adapters behind one seam, :class:`ModelAdapter
 from __future__ import annotations
 
 import collections
-import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -225,8 +224,7 @@ class CompiledModel:
             key, self._rng.value = jax.random.split(self._rng.value)
         # A torch model's integer inputs keep their torch dtype in forward (an int32
         # tensor stays int32), though JAX holds both torch int32 and int64 as int32.
-        dtypes = self._adapter.torch_dtypes(args, kwargs) if self.is_torch else None
-        with self._adapter.calling_with(dtypes) if self.is_torch else contextlib.nullcontext():
+        with self._adapter.calling_with(args, kwargs):
             out, new_buffers = self._forward(
                 {n: p.value for n, p in self._params.items()},
                 {n: b.value for n, b in self._buffers.items()},

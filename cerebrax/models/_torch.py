@@ -99,17 +99,14 @@ class TorchModelAdapter(ModelAdapter):
     def initial_key(self) -> jax.Array:
         return random_seed()
 
-    def torch_dtypes(self, args: tuple, kwargs: dict) -> tuple:
-        """The torch dtype of each input leaf (in the order of ``converted.flatten``)
-        where the caller passed a torch tensor, else None: what :meth:`apply` exports
-        the JAX values it is then given as."""
-        leaves, _ = self.converted.flatten(args, kwargs)
-        return tuple(x.dtype if isinstance(x, torch.Tensor) else None for x in leaves)
-
     @contextlib.contextmanager
-    def calling_with(self, torch_dtypes: tuple | None) -> Iterator[None]:
-        """The block traces one call whose inputs had ``torch_dtypes``."""
-        saved, self._call_dtypes = self._call_dtypes, torch_dtypes
+    def calling_with(self, args: tuple, kwargs: dict) -> Iterator[None]:
+        """The block traces one call on ``(args, kwargs)``: :meth:`apply` exports the
+        JAX values it is then given with the torch dtype of each input leaf that was a
+        torch tensor (an int32 tensor stays int32 in ``forward``)."""
+        leaves, _ = self.converted.flatten(args, kwargs)
+        dtypes = tuple(x.dtype if isinstance(x, torch.Tensor) else None for x in leaves)
+        saved, self._call_dtypes = self._call_dtypes, dtypes
         try:
             yield
         finally:
