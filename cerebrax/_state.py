@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._interop import as_jax
 from ._placement import readable_tree
 from ._runtime import RUNTIME
 from .errors import StateError
@@ -227,7 +228,7 @@ class Parameter(StateRef):
         ctx = active_context()
         if ctx is None:
             return None
-        return ctx.grad(self)
+        return ctx.user_grad(self)
 
     @grad.setter
     def grad(self, new: jax.Array | None) -> None:
@@ -237,7 +238,7 @@ class Parameter(StateRef):
                 f"Gradients of {self.name!r} exist only inside a traced step, after "
                 "cstorch.backward(loss)."
             )
-        ctx.set_grad(self, new)
+        ctx.set_grad(self, None if new is None else as_jax(new))
 
     def __jax_array__(self) -> jax.Array:
         return self.value

@@ -34,7 +34,8 @@ from .errors import StateError
 if TYPE_CHECKING:
     from .trace import TracedStep
 
-__all__ = ["DeferredValue", "TraceContext", "backward", "deferrable", "deferrable_function"]
+__all__ = ["DeferredValue", "TraceContext", "backward", "deferrable", "deferrable_function",
+           "with_jax_gradients"]
 
 
 class DeferredValue:
@@ -111,6 +112,8 @@ class TraceContext:
         # original torch parameters whose .grad holds a gradient after backward.
         self.worker: greenlet.greenlet | None = None
         self.torch_grads: dict[_state.Parameter, Any] = {}
+        self._torch_code = False  # True while torch code runs after loss.backward()
+        self._jax_code = 0  # > 0 inside an optimizer's own step (see with_jax_gradients)
 
     # ---- state -----------------------------------------------------------------
     def read(self, ref: _state.StateRef) -> Any:
@@ -211,6 +214,28 @@ class TraceContext:
         if original is not None:  # torch code may have changed or replaced original.grad
             self._grads[p] = _torch_grad_value(original, self._grads[p], p)
         return self._grads[p]
+
+    def user_grad(self, p: _state.Parameter) -> Any:
+        """``p.grad`` as the step's code sees it: while torch code runs after
+        ``loss.backward()``, the torch tensor that the original torch parameter's
+        ``.grad`` holds (so ``torch.nn.utils.clip_grad_norm_`` over
+        ``optimizer.param_groups`` computes on it, and writes into it are the
+        gradient's); inside an optimizer's own ``step`` and in JAX-facing steps, the
+        JAX value."""
+        value = self.grad(p)
+        original = self.torch_grads.get(p)
+        if self._torch_code and not self._jax_code and original is not None:
+            return original.grad
+        return value
+
+    @contextlib.contextmanager
+    def jax_gradients(self) -> Iterator[None]:
+        """``p.grad`` reads JAX values while the block runs (an optimizer's step)."""
+        self._jax_code += 1
+        try:
+            yield
+        finally:
+            self._jax_code -= 1
 
     def grad_or_none(self, p: _state.Parameter) -> Any:
         """``p``'s gradient, or None where it has none (not differentiated, or zeroed)."""
@@ -353,12 +378,14 @@ class TraceContext:
                         value, original.dtype, device=original.device)
                 original.grad = made[p]
                 self.torch_grads.setdefault(p, original)
+        self._torch_code = True
         try:
             yield
         finally:
             for original, previous in saved:
                 original.grad = previous  # no tensor of the trace leaks out of the step
             self.torch_grads = {}
+            self._torch_code = False
 
 
 _SUSPENDED = object()
@@ -477,6 +504,22 @@ def deferrable(what: str):
         return wrapper
 
     return decorator
+
+
+def with_jax_gradients(method: Callable) -> Callable:
+    """Decorates an optimizer's ``step``: the ``p.grad`` it reads is the JAX value,
+    also when torch code calls it after ``loss.backward()`` (see
+    :meth:`TraceContext.user_grad`)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any):
+        ctx = _state.active_context()
+        if ctx is None:
+            return method(*args, **kwargs)
+        with ctx.jax_gradients():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 def deferrable_function(what: str):

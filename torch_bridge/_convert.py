@@ -82,6 +82,41 @@ def random_seed() -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed & 0xFFFFFFFF), seed >> 32)
 
 
+@contextlib.contextmanager
+def _cpu_stand_ins(module: torch.nn.Module):
+    """While the block runs, ``module``'s tensors on torch's meta device (built there,
+    or whose storage a compiled state took over) are stand-ins with no storage that
+    report the CPU, as the module's tensors did when it was built.
+
+    The export then sees what torch eager sees: ``x.device`` is the CPU in ``forward``,
+    so a tensor that ``forward`` makes itself (``torch.tensor(0.125, device=x.device)``)
+    holds its value, and layers that compare devices agree. Only shapes and dtypes are
+    read from the module's tensors during an export.
+    """
+    named = [*module.named_parameters(remove_duplicate=False),
+             *module.named_buffers(remove_duplicate=False)]
+    if not any(t.is_meta for _, t in named):
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.utils import stateless
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    made: dict[int, torch.Tensor] = {}  # tied tensors get one stand-in
+    stand_ins = {}
+    for name, t in named:
+        if id(t) not in made:
+            fake = mode.fake_tensor_converter.from_meta_and_device(
+                mode, t.detach() if t.is_meta else torch.empty_like(t, device="meta"),
+                torch.device("cpu"))
+            if isinstance(t, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+            made[id(t)] = fake
+        stand_ins[name] = made[id(t)]
+    with stateless._reparametrize_module(module, stand_ins):
+        yield
+
+
 class Converted:
     """A torch module converted to JAX: named state and a pure apply function.
 
@@ -141,29 +176,21 @@ class Converted:
         signature = (train, spec, tuple(_leaf_signature(x) for x in leaves), tuple(dtypes))
         program = self._programs.get(signature)
         if program is None:
-            # A module whose tensors are on torch's meta device (built there, or whose
-            # storage the compiled state took over) exports on meta inputs, and the
-            # tensors its forward creates land there too: only shapes matter here.
-            on_meta = any(t.is_meta for t in (*self.module.parameters(),
-                                              *self.module.buffers()))
-            examples = [self._example(x, meta=on_meta, dtype=d) for x, d in zip(leaves, dtypes)]
+            examples = [self._example(x, dtype=d) for x, d in zip(leaves, dtypes)]
             targs, tkwargs = pytree.tree_unflatten(examples, spec)
-            with torch.device("meta") if on_meta else contextlib.nullcontext():
+            with _cpu_stand_ins(self.module):
                 exported = export_program(self.module, targs, tkwargs, train=train)
             program = Program(exported, self.aliases)
             self._programs[signature] = program
         return program
 
-    def _example(self, x: Any, *, meta: bool = False, dtype: torch.dtype | None = None
-                 ) -> Any:
-        if isinstance(x, torch.Tensor):
-            return x.to("meta") if meta else x
-        if not _is_input_array(x):
+    def _example(self, x: Any, *, dtype: torch.dtype | None = None) -> Any:
+        if isinstance(x, torch.Tensor) or not _is_input_array(x):
             return x
         dtype = dtype or export_dtype(x.dtype)
         if dtype.is_floating_point and self._float_dtype is not None:
             dtype = self._float_dtype
-        return torch.zeros(tuple(x.shape), dtype=dtype, device="meta" if meta else None)
+        return torch.zeros(tuple(x.shape), dtype=dtype, device="cpu")
 
     @property
     def programs(self) -> list[Program]:

@@ -28,7 +28,9 @@ step can give tensors made before the backward pass their values after it;
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -44,6 +46,12 @@ from cerebrax.errors import UnsupportedOpError
 
 from . import ops
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
+
+# Tensors of this module caught in reference cycles (a traced step's graph, a closure's
+# arguments) are freed before the interpreter shuts down, while torch can still release
+# their Python objects: collected during finalization instead, torch's C++ side aborts
+# the process now and then ("terminate called without an active exception", exit 134).
+atexit.register(gc.collect)
 
 __all__ = ["JaxTensor", "is_view", "on_backward", "recording", "unwrap", "wrap"]
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from .._trace_context import deferrable
+from .._trace_context import deferrable, with_jax_gradients
 from ..models import resolve_parameter
 
 __all__ = ["Optimizer", "ParamGroup"]
@@ -273,7 +273,8 @@ class Optimizer(abc.ABC):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "step" in cls.__dict__:
-            cls.step = deferrable(f"{cls.__name__}.step()")(cls.__dict__["step"])
+            cls.step = deferrable(f"{cls.__name__}.step()")(
+                with_jax_gradients(cls.__dict__["step"]))
         if "zero_grad" in cls.__dict__:
             cls.zero_grad = deferrable(f"{cls.__name__}.zero_grad()")(cls.__dict__["zero_grad"])
 

@@ -10,6 +10,7 @@ torch eager and through a ``cstorch.trace`` step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import numpy as np
@@ -37,6 +38,25 @@ class _Int32Model(torch.nn.Module):
     def forward(self, input_ids):
         assert input_ids.dtype == torch.int32, input_ids.dtype
         return self.head(self.emb(input_ids)).mean(dim=1)
+
+
+class _MakesTensors(torch.nn.Module):
+    """Makes tensors in ``forward`` on its inputs' and its weights' devices, as
+    gigaGPT's attention (its scale and mask) and Model Zoo's norm layers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 3)
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)) / 8)
+
+    def forward(self, x):
+        h = self.norm(self.fc(x))
+        scale = torch.tensor(1 / 8 ** 0.5, dtype=h.dtype, device=h.device)
+        shift = torch.full((8,), 0.5, device=self.fc.weight.device)
+        mask = self.mask + torch.zeros(8, 8, device=x.device)
+        return self.head((h * scale + shift) @ mask)
 
 
 def _batches(n: int = STEPS) -> list:
@@ -69,7 +89,7 @@ def eager(*, build: Callable = _Mlp, data: Callable = _batches, on_output: Calla
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(on_output(model(x), model), y)
         loss.backward()
-        after_backward(model)
+        after_backward(model, opt)
         opt.step()
         losses.append(loss.item())
     return model, losses
@@ -78,18 +98,22 @@ def eager(*, build: Callable = _Mlp, data: Callable = _batches, on_output: Calla
 def compiled(*, build: Callable = _Mlp, data: Callable = _batches, on_output: Callable = _same,
              after_backward: Callable = _nothing, backend: str = "CPU",
              half: str = "float32", loss_scale: float | None = None,
-             closure: Callable | None = None) -> tuple[dict, list[float]]:
+             closure: Callable | None = None, on_device: bool = False
+             ) -> tuple[dict, list[float]]:
     """The same training through a cerebrax traced step: ``(weights, losses)``.
 
     ``loss_scale``: the step is the GradScaler sequence ``scale(loss).backward();
     unscale_(opt); step(opt); update()``. ``closure``: a step closure, called outside
-    the step on each returned loss.
+    the step on each returned loss. ``on_device``: the model is built under
+    ``with backend.device:``.
     """
     cstorch.reset()
     cstorch.amp.set_half_dtype(half)
     torch.manual_seed(0)
-    model = build()
-    net = cstorch.compile(model, cstorch.backend(backend))
+    backend = cstorch.backend(backend)
+    with backend.device if on_device else contextlib.nullcontext():
+        model = build()
+    net = cstorch.compile(model, backend)
     optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
     scaler = None if loss_scale is None else cstorch.amp.GradScaler(loss_scale=loss_scale)
 
@@ -99,12 +123,12 @@ def compiled(*, build: Callable = _Mlp, data: Callable = _batches, on_output: Ca
         loss = torch.nn.functional.mse_loss(on_output(net(x), model), y)
         if scaler is None:
             loss.backward()
-            after_backward(model)
+            after_backward(model, optimizer)
             optimizer.step()
         else:
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
-            after_backward(model)
+            after_backward(model, optimizer)
             scaler.step(optimizer)
             scaler.update()
         return loss
@@ -137,9 +161,9 @@ def _assert_same(want: tuple, got: tuple) -> None:
 def test_cstorch_clip_grad_norm_clips_after_loss_backward():
     """``cstorch.optim.clip_grad_norm_`` after ``loss.backward()`` clips as torch's does
     (it once left the gradients unclipped: the update equalled no clip at all)."""
-    want = eager(after_backward=lambda m: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.01))
+    want = eager(after_backward=lambda m, _: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.01))
     got = compiled(
-        after_backward=lambda m: cstorch.optim.clip_grad_norm_(m.parameters(), 0.01))
+        after_backward=lambda m, _: cstorch.optim.clip_grad_norm_(m.parameters(), 0.01))
     _assert_same(want, got)
 
 
@@ -161,8 +185,29 @@ def test_a_static_loss_scale_is_removed_on_csx_at_float16():
 
 def test_a_write_into_a_view_of_a_gradient_changes_the_gradient():
     """``p.grad[0].mul_(2)`` after ``loss.backward()`` doubles row 0 of the gradient."""
-    double_row = lambda m: m[0].weight.grad[0].mul_(2)  # noqa: E731
+    double_row = lambda m, _: m[0].weight.grad[0].mul_(2)  # noqa: E731
     _assert_same(eager(after_backward=double_row), compiled(after_backward=double_row))
+
+
+def _param_groups_params(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+@pytest.mark.parametrize("clip", ["norm", "value"])
+def test_torch_clipping_over_the_optimizers_param_groups(clip):
+    """``torch.nn.utils.clip_grad_norm_`` over the parameters of
+    ``optimizer.param_groups`` (as Cerebras' gigaGPT clips) clips as in torch eager; the
+    parameters' ``.grad`` is a torch tensor there (it once was a JAX value, and torch's
+    clip failed with "DynamicJaxprTracer has no attribute device")."""
+    def clip_groups(model, optimizer):
+        params = _param_groups_params(optimizer)
+        assert all(isinstance(p.grad, torch.Tensor) for p in params)
+        if clip == "norm":
+            torch.nn.utils.clip_grad_norm_(params, 0.01)
+        else:
+            torch.nn.utils.clip_grad_value_(params, 0.02)
+
+    _assert_same(eager(after_backward=clip_groups), compiled(after_backward=clip_groups))
 
 
 # ---- what a step returns -------------------------------------------------------------------
@@ -197,6 +242,21 @@ def test_int32_inputs_stay_int32_in_forward(backend, half):
     got = compiled(build=_Int32Model, data=_id_batches, backend=backend, half=half)
     if half == "float32":
         _assert_same(eager(build=_Int32Model, data=_id_batches), got)
+
+
+@pytest.mark.parametrize("backend", ["CPU", "CSX"])
+def test_a_model_built_under_backend_device_trains_as_one_built_on_the_cpu(backend):
+    """A model built under ``with backend.device:`` whose ``forward`` makes tensors
+    (``torch.tensor(...)``, ``torch.full``/``torch.zeros`` on its inputs' or weights'
+    device) trains as torch eager (it once failed: "Cannot copy out of meta tensor",
+    and device mismatches between meta and cpu)."""
+    got = compiled(build=_MakesTensors, backend=backend, half="float32", on_device=True)
+    _assert_same(eager(build=_MakesTensors), got)
+    # And bit for bit as the same model built outside the context.
+    built_on_cpu = compiled(build=_MakesTensors, backend=backend, half="float32")
+    assert got[1] == built_on_cpu[1]
+    for name, value in got[0].items():
+        np.testing.assert_array_equal(value, built_on_cpu[0][name], err_msg=name)
 
 
 # ---- views -----------------------------------------------------------------------------------
