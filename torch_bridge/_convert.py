@@ -179,8 +179,9 @@ class Converted:
             examples = [self._example(x, dtype=d) for x, d in zip(leaves, dtypes)]
             targs, tkwargs = pytree.tree_unflatten(examples, spec)
             with _cpu_stand_ins(self.module):
-                exported = export_program(self.module, targs, tkwargs, train=train)
-            program = Program(exported, self.aliases)
+                exported, side_calls = export_program(self.module, targs, tkwargs,
+                                                      train=train)
+            program = Program(exported, self.aliases, side_calls)
             self._programs[signature] = program
         return program
 

@@ -22,6 +22,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from cerebrax.errors import ConfigError, TensorReadError
 
 from ._rewrites import rewrite
+from ._side_calls import SideCalls, exporting_side_calls
 from .ops import _custom  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
 
 __all__ = ["KEPT_WHOLE", "export_program"]
@@ -166,14 +167,16 @@ def _mark_gradient_stops(program: torch.export.ExportedProgram) -> None:
 
 def export_program(
     module: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool
-) -> torch.export.ExportedProgram:
-    """Exports ``module`` in train or eval mode and decomposes it to core ATen."""
+) -> tuple[torch.export.ExportedProgram, SideCalls]:
+    """Exports ``module`` in train or eval mode and decomposes it to core ATen; also
+    returns the calls its ``forward`` made for their effect (see ``_side_calls``)."""
     with _mode(module, train), _fast_recurrent_shapes(), warnings.catch_warnings():
         for category, message in _TORCH_INTERNAL_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
-        program = _export(module, args, kwargs)
+        with exporting_side_calls(module) as side_calls:
+            program = _export(module, args, kwargs)
         _mark_gradient_stops(program)
-        return rewrite(program.run_decompositions(_decompositions()))
+        return rewrite(program.run_decompositions(_decompositions())), side_calls[0]
 
 
 # ---- export errors -------------------------------------------------------------------

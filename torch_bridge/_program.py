@@ -21,6 +21,7 @@ from cerebrax.errors import UnsupportedOpError
 
 from . import ops
 from .ops._dtypes import jax_dtype, to_jax
+from ._side_calls import SideCalls
 
 __all__ = ["Program", "ProgramStage", "layer_path"]
 
@@ -78,12 +79,16 @@ class Program:
     Args:
       exported: the decomposed ``ExportedProgram``.
       canonical: state-dict name -> the name the value is stored under (tied weights).
+      side_calls: the calls ``forward`` made for their effect (a metric update): the
+        graph's last user outputs are their arguments, and :meth:`run` makes the calls.
     """
 
-    def __init__(self, exported: torch.export.ExportedProgram, canonical: dict[str, str]):
+    def __init__(self, exported: torch.export.ExportedProgram, canonical: dict[str, str],
+                 side_calls: SideCalls | None = None):
         graph = exported.graph_module.graph
+        self.side_calls = side_calls or SideCalls()
         self.in_spec = exported.call_spec.in_spec
-        self.out_spec = exported.call_spec.out_spec
+        self.out_spec = self.side_calls.out_spec(exported.call_spec.out_spec)
         by_name = {n.name: n for n in graph.nodes if n.op == "placeholder"}
         self._inputs: list[tuple[torch.fx.Node, str, Any]] = []
         n_user = 0
@@ -141,7 +146,7 @@ class Program:
             elif kind == OutputKind.BUFFER_MUTATION:
                 mutated[target] = value
             # USER_INPUT_MUTATION: JAX arrays are immutable; the caller keeps its input.
-        return user, mutated
+        return self.side_calls.run(user), mutated
 
     def _bind(self, env: dict, specs: list, params: dict, buffers: dict, inputs: list) -> None:
         for node, kind, ref in specs:
@@ -324,7 +329,7 @@ class ProgramStage:
         outputs = map_arg(self.program._output_node.args[0], env.__getitem__)
         user = [v for (kind, _), v in zip(self.program._outputs, outputs)
                 if kind == OutputKind.USER_OUTPUT]
-        return user, mutated
+        return self.program.side_calls.run(user), mutated
 
 
 def _aval(value: Any) -> Any:

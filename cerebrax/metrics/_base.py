@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import sys
 import weakref
 from typing import Any
 
@@ -151,6 +152,8 @@ class Metric(abc.ABC):
         self._dtype = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _recorded_in_export(self.update, args, kwargs):
+            return None  # called in a compiled torch module's forward: see below
         self.update(*args, **kwargs)
         ctx = _state.active_context()
         if ctx is not None and ctx.after_backward:
@@ -163,6 +166,14 @@ class Metric(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def _recorded_in_export(fn: Any, args: tuple, kwargs: dict) -> bool:
+    """True where a compiled torch module's ``forward`` is being exported: the call is
+    then recorded, and it updates the metric from the graph's values each time the
+    compiled model runs (as Model Zoo's models update their metrics in ``forward``)."""
+    bridge = sys.modules.get("torch_bridge")  # no torch module exports without it
+    return bridge is not None and bridge.record_side_call(fn, args, kwargs)
 
 
 def as_float(x: Any) -> jax.Array:

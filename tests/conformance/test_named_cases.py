@@ -59,6 +59,21 @@ class _MakesTensors(torch.nn.Module):
         return self.head((h * scale + shift) @ mask)
 
 
+class _ScoresItself(torch.nn.Module):
+    """Updates a cstorch metric in ``forward`` in eval mode, as Model Zoo's models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = _Mlp()
+        self.accuracy_metric = cstorch.metrics.AccuracyMetric("accuracy")
+
+    def forward(self, x, labels):
+        outputs = self.net(x)
+        if not self.training:
+            self.accuracy_metric(labels=labels.clone(), predictions=outputs.argmax(-1).int())
+        return torch.nn.functional.cross_entropy(outputs, labels)
+
+
 def _batches(n: int = STEPS) -> list:
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(n)]
@@ -257,6 +272,46 @@ def test_a_model_built_under_backend_device_trains_as_one_built_on_the_cpu(backe
     assert got[1] == built_on_cpu[1]
     for name, value in got[0].items():
         np.testing.assert_array_equal(value, built_on_cpu[0][name], err_msg=name)
+
+
+@pytest.mark.parametrize("backend, half", [("CPU", "float32"), ("CSX", "float32"),
+                                           ("CSX", "float16")])
+def test_a_metric_updates_from_inside_forward(backend, half):
+    """A cstorch metric called in a compiled model's ``forward``, in eval mode under
+    ``torch.no_grad()``, accumulates every step's batch: its value is the accuracy that
+    torch eager computes, and the summed loss is torch's (it once failed: ".numpy() is
+    not supported for tensor subclasses")."""
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))
+               for _ in range(STEPS)]
+    torch.manual_seed(0)
+    reference = _Mlp().eval()
+    with torch.no_grad():
+        correct = sum(int((reference(x).argmax(-1) == y).sum()) for x, y in batches)
+        want_loss = sum(float(torch.nn.functional.cross_entropy(reference(x), y))
+                        for x, y in batches)
+
+    cstorch.reset()
+    cstorch.amp.set_half_dtype(half)
+    torch.manual_seed(0)
+    model = _ScoresItself()
+    compiled_model = cstorch.compile(model, cstorch.backend(backend))
+    compiled_model.eval()
+
+    @cstorch.trace
+    def evaluation_step(x, labels):
+        return compiled_model(x, labels)
+
+    with torch.no_grad():
+        got_loss = sum(float(evaluation_step(x, y)) for x, y in batches)
+    assert model.accuracy_metric.num_updates == STEPS
+    accuracy = float(model.accuracy_metric)
+    if half == "float32":
+        assert accuracy == pytest.approx(correct / (8 * STEPS), abs=1e-7)
+        assert got_loss == pytest.approx(want_loss, rel=1e-5)
+    else:  # float16 logits: a prediction may flip where two logits nearly tie
+        assert abs(accuracy - correct / (8 * STEPS)) <= 2 / (8 * STEPS)
+        assert got_loss == pytest.approx(want_loss, rel=1e-2)
 
 
 # ---- views -----------------------------------------------------------------------------------
