@@ -21,6 +21,7 @@ from cerebrax.errors import UnsupportedOpError
 
 from . import ops
 from .ops._dtypes import jax_dtype, to_jax
+from .ops._util import broadcast_accumulating
 from ._side_calls import SideCalls
 
 __all__ = ["Program", "ProgramStage", "layer_path"]
@@ -125,6 +126,12 @@ class Program:
             and ops.is_random(e, n.args, n.kwargs)
         ]
         self._random_index = {n: i for i, n in enumerate(self.random_nodes)}
+        # Pointwise ops on floating values: their output shapes (see _broadcast_half).
+        self._pointwise = {
+            n: tuple(n.meta["val"].shape) for n in self.nodes
+            if torch.Tag.pointwise in getattr(n.target, "tags", ())
+            and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()
+        }
         self.ops = sorted({str(n.target) for n in self.nodes})
 
     @property
@@ -172,6 +179,9 @@ class Program:
             if entry is None:  # a Python function (shape arithmetic, getitem)
                 env[node] = node.target(*args, **kwargs)
                 continue
+            if node in self._pointwise:  # torch's backward sums a broadcast operand in fp32
+                shape = self._pointwise[node]
+                args = tuple(_broadcast_half(a, shape) for a in args)
             if entry.random:  # random-capable: a key, or None where this call is not random
                 i = self._random_index.get(node)
                 args = (None if i is None else keys[i], *args)
@@ -330,6 +340,20 @@ class ProgramStage:
         user = [v for (kind, _), v in zip(self.program._outputs, outputs)
                 if kind == OutputKind.USER_OUTPUT]
         return self.program.side_calls.run(user), mutated
+
+
+def _broadcast_half(value: Any, shape: tuple[int, ...]) -> Any:
+    """A half-precision operand of a pointwise op that broadcasts to the op's ``shape``,
+    broadcast with a float32-summed gradient (``ops._util.broadcast_accumulating``);
+    anything else unchanged."""
+    if not isinstance(value, jax.Array) or value.shape == shape or value.ndim > len(shape):
+        return value
+    try:
+        if jnp.broadcast_shapes(value.shape, shape) != shape:
+            return value
+    except ValueError:
+        return value
+    return broadcast_accumulating(value, shape)
 
 
 def _aval(value: Any) -> Any:

@@ -347,7 +347,9 @@ class _Worker:
                 yield _HostBatch(host, treedef, pos, dtypes)
             if seen == 0 and not (restored and first_pass):
                 raise ConfigError(MSG_EMPTY.format(rank=self.info.rank))
-            if iter(source) is source:
+            # Not iter(source) is source: iter() of a torch DataLoader draws its
+            # shuffle seed, and the next epoch's order would not be torch's.
+            if isinstance(source, Iterator):
                 raise ConfigError(MSG_ONE_SHOT)
             epoch, position, first_pass = epoch + 1, 0, False
 

@@ -2,14 +2,53 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from ._dtypes import jax_dtype
 
-__all__ = ["axes", "axis", "maybe_cast", "safe_sqrt", "shape_of"]
+__all__ = ["axes", "axis", "broadcast_accumulating", "maybe_cast", "safe_sqrt", "shape_of"]
+
+_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def broadcast_accumulating(x: Any, shape: Sequence[int]) -> Any:
+    """``x`` broadcast to ``shape``; for a float16 or bfloat16 ``x``, with a gradient
+    summed in float32 and rounded once, as torch's backward sums a broadcast operand
+    (a bias, a norm's weight) in its accumulation type. JAX's own transpose of a
+    broadcast sums in the operand's dtype, which XLA on CPU accumulates in float16.
+
+    Other dtypes, and an ``x`` of ``shape`` already, are returned unchanged.
+    """
+    shape = tuple(int(d) for d in shape)
+    if (not hasattr(x, "dtype") or jnp.dtype(x.dtype) not in _HALF
+            or tuple(x.shape) == shape):
+        return x
+    return _broadcast(x, shape, tuple(x.shape))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _broadcast(x, shape, x_shape):
+    return jnp.broadcast_to(x, shape)
+
+
+def _broadcast_fwd(x, shape, x_shape):
+    return jnp.broadcast_to(x, shape), None
+
+
+def _broadcast_bwd(shape, x_shape, _, g):
+    lead = len(shape) - len(x_shape)
+    summed = tuple(range(lead)) + tuple(
+        lead + i for i, (a, b) in enumerate(zip(x_shape, shape[lead:])) if a == 1 and b != 1)
+    total = jnp.sum(g.astype(jnp.float32), axis=summed)
+    return (total.reshape(x_shape).astype(g.dtype),)
+
+
+_broadcast.defvjp(_broadcast_fwd, _broadcast_bwd)
 
 
 def axis(d: int, ndim: int) -> int:

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ._registry import lowering
+from ._util import broadcast_accumulating
 from ._util import safe_sqrt
 
 aten = torch.ops.aten
@@ -31,6 +32,7 @@ def addmm(bias, a, b, *, beta=1, alpha=1):
     out = _scaled(jnp.matmul(a, b), alpha)
     if beta == 0:
         return out
+    bias = broadcast_accumulating(bias, jnp.broadcast_shapes(jnp.shape(bias), out.shape))
     return out + (bias if beta == 1 else beta * bias)
 
 

@@ -10,6 +10,7 @@ import torch
 from jax import lax
 
 from ._registry import lowering
+from ._util import broadcast_accumulating
 
 aten = torch.ops.aten
 
@@ -68,9 +69,9 @@ def _bn_shape(x):
 
 def _affine(xhat, weight, bias):
     if weight is not None:
-        xhat = xhat * weight.reshape(_bn_shape(xhat))
+        xhat = xhat * broadcast_accumulating(weight.reshape(_bn_shape(xhat)), xhat.shape)
     if bias is not None:
-        xhat = xhat + bias.reshape(_bn_shape(xhat))
+        xhat = xhat + broadcast_accumulating(bias.reshape(_bn_shape(xhat)), xhat.shape)
     return xhat
 
 
