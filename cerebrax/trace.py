@@ -34,7 +34,7 @@ from ._interop import as_jax, torch_origin, torch_to_jax
 from ._placement import put_many
 from ._trace_context import DeferredValue, TraceContext, backward
 from .backend import Backend, current_backend, flags_report, get_or_create_backend
-from .errors import RecompileError, StateError, TensorReadError
+from .errors import ConfigError, RecompileError, StateError, TensorReadError
 
 __all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace",
            "write_artifacts"]
@@ -60,6 +60,18 @@ Right:
         loss = ...
         print_loss(loss)
 For a condition on a tensor, use jnp.where or jax.lax.cond."""
+
+# Loaders a step is given by mistake for one of their batches (by class name: cerebrax's
+# DataLoader and DataExecutor live in a layer above this module, torch's in torch).
+_LOADERS = ("DataLoader", "DataExecutor")
+
+MSG_LOADER_PASSED = """\
+The traced step `{name}` was given the {loader} itself, not one of its batches. A step
+runs on one batch; the loader is iterated outside it.
+
+Fix:
+    for batch in dataloader:
+        loss = {name}(batch)"""
 
 MSG_RECOMPILE = """\
 The traced step `{name}` was compiled for {what}, but this call passes {new}.
@@ -123,6 +135,9 @@ class TracedStep:
                 dynamic.append(leaf)
                 statics.append(None)
                 torch_dtypes.append(torch_dtype)
+            elif type(leaf).__name__ in _LOADERS:
+                raise ConfigError(MSG_LOADER_PASSED.format(
+                    name=self.__name__, loader=type(leaf).__name__))
             else:
                 statics.append(leaf)
         # The program is keyed by the first three; the last (which inputs are torch

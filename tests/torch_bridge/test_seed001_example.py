@@ -226,3 +226,22 @@ def test_the_seed_condition_off_the_checkpoint_steps_is_refused():
     # points at checkpoint_closure instead of a silently stale checkpoint.
     with pytest.raises(StateError, match="checkpoint steps"):
         full_example(num_steps=6, checkpoint_steps=3)
+
+
+def test_the_seed_typo_passing_the_dataloader_to_the_step_names_the_fix():
+    # The seed calls `training_step(dataloader)` inside `for i, batch in ...`: the
+    # step is told it got the loader, not a batch, and shown the loop that is meant.
+    cstorch.configure(checkpoint_steps=1)
+    compiled = cstorch.compile(Classifier(), backend="CPU")
+    dataloader = cstorch.utils.data.DataLoader(train_dataloader_fn, num_steps=1,
+                                               batch_size=BATCH)
+
+    @cstorch.compile_step
+    def training_step(batch):
+        inputs, targets = batch
+        return torch.nn.functional.cross_entropy(compiled(inputs), targets)
+
+    for _ in dataloader:
+        with pytest.raises(cstorch.errors.ConfigError,
+                           match=r"given the DataLoader itself(.|\n)*training_step\(batch\)"):
+            training_step(dataloader)
