@@ -298,7 +298,7 @@ def _protect_from_donation(tree: Any) -> Any:
     outputs = RUNTIME.last_outputs
     if all(any(x is out for out in outputs) for x in arrays):
         return tree  # the usual case: the step's own outputs, which are never donated
-    ids = {id(leaf) for ref in _state.live_refs() for leaf in jax.tree.leaves(ref._value)}
+    ids = {id(leaf) for ref in _state.live_refs() for leaf in jax.tree.leaves(ref.stored)}
     return jax.tree.map(
         lambda x: x.copy() if isinstance(x, jax.Array) and id(x) in ids else x, tree
     )

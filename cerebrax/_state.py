@@ -159,6 +159,18 @@ class StateRef:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
+    @property
+    def stored(self) -> Any:
+        """The arrays the slot holds, as they are: what a step's program takes in (no
+        read guard, no gathering from other processes; inside a traced step, the value
+        from before the step). For cerebrax's own machinery; a user reads ``value``."""
+        return self._value
+
+    def store(self, value: Any) -> None:
+        """Makes ``value`` (a step's new value for the slot, or the same arrays moved to
+        another layout) the slot's value as it is, without the checks of ``value =``."""
+        self._value = value
+
     def check_generation(self) -> None:
         if self.generation != RUNTIME.generation:
             raise StateError(

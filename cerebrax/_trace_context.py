@@ -34,8 +34,8 @@ from .errors import StateError
 if TYPE_CHECKING:
     from .trace import TracedStep
 
-__all__ = ["DeferredValue", "TraceContext", "backward", "deferrable", "deferrable_function",
-           "with_jax_gradients"]
+__all__ = ["DeferredValue", "TraceContext", "backward", "context_with_grads", "deferrable",
+           "deferrable_function", "with_jax_gradients"]
 
 
 class DeferredValue:
@@ -90,10 +90,12 @@ class _Slot:
 class TraceContext:
     """The state of one trace of a step: where every read and write of state goes."""
 
-    def __init__(self, step: TracedStep, refs: list[_state.StateRef], values: list):
+    def __init__(self, step: TracedStep, refs: list[_state.StateRef], values: list, *,
+                 backend: Any, differentiated: list[_state.Parameter]):
         self.step = step
         self.values: dict[_state.StateRef, Any] = dict(zip(refs, values))
-        self.backend = step._backend
+        self.backend = backend
+        self._differentiated = differentiated
         self.phase = "forward"
         self.diff: dict[_state.Parameter, Any] = {}
         self.loss: jax.Array | None = None
@@ -313,7 +315,7 @@ class TraceContext:
         original torch parameters get their ``.grad``, and the code resumes, so torch
         code after the backward (clipping, ``p.grad.mul_``) computes on real gradients.
         """
-        diff_refs = self.step._diff_refs
+        diff_refs = self._differentiated
         primals = [self.values[p] for p in diff_refs]
         self.worker = greenlet.greenlet(lambda: _Finished(fn(*args, **kwargs)))
         created: list = []  # weak references to torch tensors made in the forward pass
@@ -339,8 +341,11 @@ class TraceContext:
         out_routed, written, tensors = static
         for ref, value in zip(written, written_values):
             self.values[ref] = value
-        for tensor, value in zip(tensors, tensor_values):
-            tensor._jax = value  # the value outside the differentiated pass
+        if tensors:
+            from torch_bridge import assign
+
+            for tensor, value in zip(tensors, tensor_values):
+                assign(tensor, value)  # the value outside the differentiated pass
         self.phase = "replay"
         if self.loss is not None:
             (grads,) = vjp_fn(jnp.ones_like(loss_out))
@@ -430,13 +435,13 @@ def _torch_grad_value(original: Any, current: Any, p: _state.Parameter) -> Any:
 
 
 def _set_torch_grad(original: Any, value: Any) -> None:
-    from torch_bridge import JaxTensor
+    from torch_bridge import JaxTensor, assign
 
     grad = original.grad
     if value is None:
         original.grad = None
     elif isinstance(grad, JaxTensor):
-        grad._jax = value
+        assign(grad, value)
     else:
         original.grad = JaxTensor(value, original.dtype)
 
@@ -475,6 +480,23 @@ def backward(loss: Any) -> None:
         ctx.backward_now(as_jax(loss))
     else:
         ctx.mark_loss(loss)
+
+
+def context_with_grads(what: str) -> TraceContext:
+    """The active trace context, once its step's gradients exist; ``what`` (the call
+    that needs them, e.g. ``"SGD.step()"``) is named in the error otherwise."""
+    ctx = _state.active_context()
+    if ctx is None:
+        raise StateError(
+            f"{what} must be called inside a step decorated with @cstorch.trace, after "
+            "cstorch.backward(loss): the update is part of the compiled step."
+        )
+    if not ctx.has_grads:
+        raise StateError(
+            f"{what} was called before the loss was marked. Call cstorch.backward(loss) "
+            "(or scaler.scale(loss).backward()) first."
+        )
+    return ctx
 
 
 def _listed(call: tuple) -> tuple:

@@ -219,7 +219,8 @@ class TracedStep:
             it = iter(as_torch(dynamic))
             leaves = [next(it) if s is None else s for s in statics]
             args, kwargs = jax.tree.unflatten(treedef, leaves)
-            ctx = TraceContext(self, self._refs, state_values)
+            ctx = TraceContext(self, self._refs, state_values, backend=backend,
+                               differentiated=self._diff_refs)
             try:
                 with _state.tracing(ctx):
                     out = ctx.run(self._fn, args, kwargs)
@@ -240,7 +241,7 @@ class TracedStep:
         else:
             # A multi-device CSX backend: state and inputs are laid out on the wafer mesh
             # (cerebrax.wse); XLA's SPMD partitioner inserts the collectives.
-            self._state_shardings = [layout.state_shardings(ref._value) for ref in self._refs]
+            self._state_shardings = [layout.state_shardings(ref.stored) for ref in self._refs]
             paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
                 jax.tree.unflatten(treedef, [0] * len(statics)))[0]]
             names = [self._argument_name(p) for p, s in zip(paths, statics) if s is None]
@@ -303,7 +304,7 @@ class TracedStep:
             return self._compile_or_validate(backend, states, dynamic)
         new_states, out_arrays, closure_arrays = self._jit(states, dynamic)
         for ref, value in zip(self._refs, new_states):
-            ref._value = value
+            ref.store(value)
         out_def, out_statics = self._out_spec
         it = iter(_as_torch_outputs(out_arrays, self._out_torch))
         out = jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
@@ -351,7 +352,7 @@ class TracedStep:
         live set exceeds the budget (the compiled program is cached for the run)."""
         budget = _device_memory(backend)
         if budget is not None:
-            states = [ref._value for ref in self._refs]
+            states = [ref.stored for ref in self._refs]
             if self._state_shardings is not None:
                 states = jax.tree.map(
                     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -363,6 +364,19 @@ class TracedStep:
                                     self.__name__)
         self._budget_checked = True
 
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the step's program was last built for (None before a build)."""
+        return self._backend
+
+    def state_layout(self) -> list[tuple[_state.StateRef, Any]]:
+        """Each state slot of the built program with its shardings: the wafer layout's
+        where the backend has one, else each array's own placement."""
+        if self._state_shardings is not None:
+            return list(zip(self._refs, self._state_shardings))
+        return [(ref, jax.tree.map(lambda x: getattr(x, "sharding", None), ref.stored))
+                for ref in self._refs]
+
     def lower(self, *args: Any, **kwargs: Any):
         """Lowers the step for these inputs (``jax.stages.Lowered``), running nothing."""
         backend = get_or_create_backend(None)
@@ -373,7 +387,7 @@ class TracedStep:
 
     def _placed(self, dynamic: list) -> tuple[list, list]:
         """The state values and inputs, moved to the wafer layout's shardings if any."""
-        states = [ref._value for ref in self._refs]
+        states = [ref.stored for ref in self._refs]
         if self._state_shardings is None:
             return states, dynamic
         # Values already in their layout (the state after a step, batches that the data
@@ -381,7 +395,7 @@ class TracedStep:
         # the slices its devices hold (cerebrax._placement).
         states = put_many(states, self._state_shardings)
         for ref, value in zip(self._refs, states):
-            ref._value = value
+            ref.store(value)
         return states, put_many(dynamic, self._input_shardings)
 
 

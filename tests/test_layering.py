@@ -295,3 +295,91 @@ def test_only_the_trace_context_writes_its_fields():
 ])
 def test_the_context_write_check_sees_each_form(source, expected):
     assert len(_context_writes("probe", ast.parse(source))) == expected
+
+
+# ---- private attributes stay in their folder -----------------------------------------------
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_attributes(tree: ast.AST) -> set[str]:
+    """The private attributes the classes of ``tree`` define: methods and class-level
+    names, ``__slots__`` entries, and ``self._x = ...`` / ``cls._x = ...`` in methods."""
+    found: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.add(node.name)
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, ast.AnnAssign) else [])
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found.add(target.id)
+                    if target.id == "__slots__" and node.value is not None:
+                        found.update(c.value for c in ast.walk(node.value)
+                                     if isinstance(c, ast.Constant) and isinstance(c.value, str))
+        for node in ast.walk(cls):
+            if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.add(node.attr)
+    return {name for name in found if _is_private(name)}
+
+
+def _foreign_attribute_uses(module: str, tree: ast.AST, owners: dict[str, set[str]]
+                            ) -> list[str]:
+    """Reads and writes in ``tree`` of a private attribute on an object other than
+    ``self``/``cls``/``super()``, where the attribute is defined only by classes of
+    other folders than ``module``'s."""
+    mine = folder(module)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not _is_private(node.attr):
+            continue
+        value = node.value
+        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            continue
+        if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                and value.func.id == "super"):
+            continue
+        defined_in = owners.get(node.attr, set())
+        if defined_in and mine not in defined_in:
+            verb = "writes" if isinstance(node.ctx, (ast.Store, ast.Del)) else "reads"
+            found.append(f"{module}:{node.lineno} {verb} {ast.unparse(node)} (an attribute of "
+                         f"{', '.join(sorted(defined_in))})")
+    return found
+
+
+def _attribute_owners(trees: dict[str, ast.AST]) -> dict[str, set[str]]:
+    owners: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        for name in _private_attributes(tree):
+            owners.setdefault(name, set()).add(folder(module))
+    return owners
+
+
+def test_no_module_touches_a_private_attribute_of_another_folders_object():
+    """``ref._value``, ``step._backend``, ``tensor._jax``, ``optimizer._all_params`` from
+    another folder: each folder reaches the others' objects through their public names
+    (``ref.stored``, ``step.backend``, ``torch_bridge.assign``, ``param_groups``)."""
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in MODULES.items()}
+    owners = _attribute_owners(trees)
+    uses = [use for m, tree in trees.items() for use in _foreign_attribute_uses(m, tree, owners)]
+    assert not uses, "private attributes used across folders:\n" + "\n".join(uses)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f(ref):\n    return ref._value\n", ["reads ref._value"]),
+    ("def f(ref, v):\n    ref._value = v\n", ["writes ref._value"]),
+    ("def f(step):\n    return step._backend.name\n", ["reads step._backend"]),
+    ("class A:\n    def f(self):\n        return self._value\n", []),
+    ("def f(opt):\n    return opt._own\n", []),  # defined in this folder too
+    ("def f(t):\n    return t._version\n", []),  # not an attribute of ours (torch's)
+])
+def test_the_private_attribute_check_sees_reads_and_writes(source, expected):
+    owners = {"_value": {"cerebrax._state"}, "_backend": {"cerebrax.trace"},
+              "_own": {"cerebrax.wse", "cerebrax.trace"}}
+    # A module in cerebrax/wse, seen by the scan.
+    uses = _foreign_attribute_uses("cerebrax.wse._memory", ast.parse(source), owners)
+    assert len(uses) == len(expected), uses
+    for use, want in zip(uses, expected):
+        assert want in use

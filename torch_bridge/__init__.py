@@ -15,6 +15,7 @@ from .ops._dtypes import to_jax as to_jax
 from ._program import Program as Program
 from ._side_calls import record_side_call as record_side_call
 from ._tensor import JaxTensor as JaxTensor
+from ._tensor import assign as assign
 from ._tensor import is_view as is_view
 from ._tensor import on_backward as on_backward
 from ._tensor import recording as recording

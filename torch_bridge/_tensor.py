@@ -53,7 +53,7 @@ from .ops._dtypes import export_dtype, jax_dtype, to_jax
 # the process now and then ("terminate called without an active exception", exit 134).
 atexit.register(gc.collect)
 
-__all__ = ["JaxTensor", "is_view", "on_backward", "recording", "unwrap", "wrap"]
+__all__ = ["JaxTensor", "assign", "is_view", "on_backward", "recording", "unwrap", "wrap"]
 
 aten = torch.ops.aten
 
@@ -269,6 +269,12 @@ def _viewing(view: JaxTensor, base: JaxTensor, fn: Callable) -> JaxTensor:
 def _detached(value: jax.Array) -> jax.Array:
     """``x.detach()``'s view function."""
     return value
+
+
+def assign(tensor: JaxTensor, value: jax.Array) -> None:
+    """Makes ``value`` (same shape and dtype) ``tensor``'s value in place: the tensor
+    object stays, and a view writes through to its base, as torch's ``copy_`` would."""
+    tensor._jax = value
 
 
 def _write_through(fn: Callable, base: JaxTensor, value: jax.Array) -> jax.Array:

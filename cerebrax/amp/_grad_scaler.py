@@ -19,7 +19,7 @@ from .. import _state
 from .._filters import is_torch_tensor
 from .._interop import as_jax
 from .._precision import get_half_dtype_str
-from .._trace_context import backward, deferrable, deferrable_function
+from .._trace_context import backward, context_with_grads, deferrable, deferrable_function
 from ..backend import current_backend
 from ..errors import ConfigError, StateError
 
@@ -201,8 +201,8 @@ class GradScaler:
             raise StateError(
                 "unscale_() has already been called on this optimizer since the last update()."
             )
-        ctx = optimizer._require_grads("GradScaler.unscale_()")
-        params = [p for p in optimizer._all_params if ctx.grad_or_none(p) is not None]
+        ctx = context_with_grads("GradScaler.unscale_()")
+        params = [p for p in _parameters(optimizer) if ctx.grad_or_none(p) is not None]
         if not self._active():
             scratch["unscaled"][id(optimizer)] = jnp.bool_(True)
             return
@@ -283,8 +283,8 @@ class GradScaler:
     def _clip(self, optimizers: list) -> None:
         pairs = []
         for optimizer in optimizers:
-            ctx = optimizer._require_grads("GradScaler.clip_gradients_and_return_isfinite()")
-            pairs += [(ctx, p) for p in optimizer._all_params
+            ctx = context_with_grads("GradScaler.clip_gradients_and_return_isfinite()")
+            pairs += [(ctx, p) for p in _parameters(optimizer)
                       if ctx.grad_or_none(p) is not None]
         sq = sum((jnp.sum(jnp.square(ctx.grad(p).astype(jnp.float32))) for ctx, p in pairs),
                  jnp.float32(0))
@@ -350,13 +350,18 @@ class GradScaler:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        current = dict(self._state._value)
+        current = dict(self._state.stored)
         for key in current:
             if key in state_dict:
                 current[key] = jnp.asarray(state_dict[key], current[key].dtype)
         if "non_clamped_loss_scale" not in state_dict:
             current["non_clamped_loss_scale"] = current["loss_scale"]
         self._state.value = current
+
+
+def _parameters(optimizer: Any) -> list:
+    """The parameters of ``optimizer``'s param groups, in order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _scalers_of(ctx: Any) -> list[dict]:

@@ -204,7 +204,7 @@ class CompiledModel:
 
     def _write_slot(self, name: str, ref: _state.StateRef, value: Any) -> None:
         value = to_numpy(value)
-        old = ref._value
+        old = ref.stored
         if tuple(value.shape) != tuple(old.shape):
             raise StateError(
                 f"size mismatch for {name!r}: the checkpoint has shape "
@@ -265,7 +265,7 @@ class CompiledModel:
         if dtype is not None:
             out = cast_floating(out, jnp.float32)
             new_buffers = {
-                n: v.astype(self._buffers[n]._value.dtype) for n, v in new_buffers.items()
+                n: v.astype(self._buffers[n].stored.dtype) for n, v in new_buffers.items()
             }
         return out, new_buffers
 

@@ -117,7 +117,7 @@ class _WriteCompiledState(_Hook):
                 continue
             value = state_dict[key]
             array = to_numpy(value)  # reads a lazy checkpoint array once
-            shape = tuple(ref._value.shape)
+            shape = tuple(ref.stored.shape)
             if shape == () and array.shape == (1,):  # torch's legacy 0-d parameters
                 array = array.reshape(())
             if tuple(array.shape) == shape:

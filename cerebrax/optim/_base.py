@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from .._trace_context import deferrable, with_jax_gradients
+from .._trace_context import context_with_grads, deferrable, with_jax_gradients
 from ..models import resolve_parameter
 
 __all__ = ["Optimizer", "ParamGroup"]
@@ -167,10 +167,10 @@ class ParamGroup(MutableMapping):
     def __iter__(self) -> Iterator[str]:
         yield "params"
         yield from self._static
-        yield from self._opt._hparams._value[self._index]
+        yield from self._opt._hparams.stored[self._index]
 
     def __len__(self) -> int:
-        return 1 + len(self._static) + len(self._opt._hparams._value[self._index])
+        return 1 + len(self._static) + len(self._opt._hparams.stored[self._index])
 
     def __repr__(self) -> str:
         return f"ParamGroup({dict(self)!r})"
@@ -202,10 +202,10 @@ class _ParamState(MutableMapping):
         raise StateError("Optimizer state cannot be deleted.")
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._opt._state_ref._value[self._index])
+        return iter(self._opt._state_ref.stored[self._index])
 
     def __len__(self) -> int:
-        return len(self._opt._state_ref._value[self._index])
+        return len(self._opt._state_ref.stored[self._index])
 
 
 class _StateView(Mapping):
@@ -487,7 +487,7 @@ class Optimizer(abc.ABC):
         """
         pairs = self._loaded_groups(state_dict)
         saved_state = {int(k): v for k, v in state_dict["state"].items()}
-        current = self._state_ref._value
+        current = self._state_ref.stored
         new = [dict(entry) for entry in current]
         position = 0
         for group, (_, indices) in zip(self.param_groups, pairs):
@@ -507,18 +507,7 @@ class Optimizer(abc.ABC):
 
     # ---- helpers for step() --------------------------------------------------------
     def _require_grads(self, what: str):
-        ctx = _state.active_context()
-        if ctx is None:
-            raise StateError(
-                f"{what} must be called inside a step decorated with @cstorch.trace, after "
-                "cstorch.backward(loss): the update is part of the compiled step."
-            )
-        if not ctx.has_grads:
-            raise StateError(
-                f"{what} was called before the loss was marked. Call cstorch.backward(loss) "
-                "(or scaler.scale(loss).backward()) first."
-            )
-        return ctx
+        return context_with_grads(what)
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

@@ -37,7 +37,7 @@ class OptaxOptimizer(Optimizer):
     def preinitialize(self) -> None:
         states = []
         for group in self.param_groups:
-            values = [p._value for p in group["params"]]
+            values = [p.stored for p in group["params"]]
             states.append(self._transform(group).init(values))
         self._tx_state = _state.StateRef(
             states, name=f"{type(self).__name__}.optax_state", skippable=True
@@ -107,7 +107,7 @@ class OptaxOptimizer(Optimizer):
         state = {int(k): v for k, v in state_dict["state"].items()}
         new_states = [
             self._from_torch_state([state.get(i, {}) for i in indices], template)
-            for (_, indices), template in zip(pairs, self._tx_state._value)
+            for (_, indices), template in zip(pairs, self._tx_state.stored)
         ]
         self._load_hyperparameters(pairs)
         self._tx_state.value = new_states

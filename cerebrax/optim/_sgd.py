@@ -64,7 +64,7 @@ class SGD(OptaxOptimizer):
         flags = getattr(self, "_momentum_flags", None)
         if flags is None:
             flags = self._momentum_flags = [
-                float(g._opt._hparams._value[g._index]["momentum"]) != 0.0
+                float(g._opt._hparams.stored[g._index]["momentum"]) != 0.0
                 for g in self.param_groups
             ]
         return flags[group._index]

@@ -103,17 +103,14 @@ def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
 
 def report_for_compiled(step: Any, compiled: Any) -> MemoryReport:
     """The report of ``step``, already compiled as ``compiled`` (``jax.stages.Compiled``)."""
-    backend = step._backend
+    backend = step.backend
     wafer = getattr(backend, "wafer", None)
     opt_ids = _optimizer_ref_ids()
     params = optimizer = other = params_total = optimizer_total = largest = 0
     # The layout's shardings where the step has one (the state may not be placed yet:
     # a budget check runs before it is); else the devices the values are on.
-    shardings = step._state_shardings or [
-        jax.tree.map(lambda x: getattr(x, "sharding", None), ref._value)
-        for ref in step._refs]
-    for ref, ref_shardings in zip(step._refs, shardings):
-        leaves = jax.tree.leaves(ref._value)
+    for ref, ref_shardings in step.state_layout():
+        leaves = jax.tree.leaves(ref.stored)
         per_leaf = jax.tree.leaves(ref_shardings, is_leaf=lambda s: s is None)
         if len(per_leaf) != len(leaves):
             per_leaf = [None] * len(leaves)
