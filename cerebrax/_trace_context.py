@@ -34,7 +34,7 @@ from .errors import StateError
 if TYPE_CHECKING:
     from .trace import TracedStep
 
-__all__ = ["DeferredValue", "TraceContext", "backward", "context_with_grads", "deferrable",
+__all__ = ["DeferredValue", "StepRecord", "TraceContext", "backward", "context_with_grads", "deferrable",
            "deferrable_function", "with_jax_gradients"]
 
 
@@ -85,6 +85,25 @@ class _Routed:
 @dataclasses.dataclass(frozen=True)
 class _Slot:
     index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What one trace of a step produced (:meth:`TraceContext.finish`).
+
+    Attributes:
+      values: each state slot's value after the step, in the order the slots were asked.
+      outputs: what the step's function returned (deferred values resolved).
+      closures: the step closures called, in order; each knows where its arrays are.
+      closure_arrays: the array arguments of those calls, outputs of the program.
+      models: the compiled models the step called.
+    """
+
+    values: tuple
+    outputs: Any
+    closures: tuple
+    closure_arrays: tuple
+    models: tuple
 
 
 class TraceContext:
@@ -358,6 +377,14 @@ class TraceContext:
         with self._torch_parameter_grads():
             result = self.worker.switch()  # the torch code after loss.backward()
         return result.value
+
+    def finish(self, refs: list[_state.StateRef], outputs: Any) -> StepRecord:
+        """The frozen record of the step once :meth:`run` returned ``outputs``: the new
+        value of each of ``refs``, the outputs, and the closure calls with their arrays."""
+        closures = tuple(self.closures)
+        arrays = tuple(_closures.split_arguments(list(closures), self.unroute))
+        return StepRecord(tuple(self.values[r] for r in refs), outputs, closures, arrays,
+                          tuple(self.models_used))
 
     def backward_now(self, loss: Any) -> None:
         """A torch-native backward: marks ``loss`` and suspends the step's code."""

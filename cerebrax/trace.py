@@ -32,7 +32,7 @@ from . import _closures, _state, wse
 from ._filters import is_array, is_torch_tensor
 from ._interop import as_jax, torch_origin, torch_to_jax
 from ._placement import put_many
-from ._trace_context import DeferredValue, TraceContext, backward
+from ._trace_context import DeferredValue, StepRecord, TraceContext, backward
 from .backend import Backend, current_backend, flags_report, get_or_create_backend
 from .errors import ConfigError, RecompileError, StateError, TensorReadError
 
@@ -228,8 +228,9 @@ class TracedStep:
                 raise TensorReadError(
                     MSG_TENSOR_READ.format(name=self.__name__, detail=_first_line(e))
                 ) from e
-            self._modes = [(m, m.training) for m in ctx.models_used]
-            new_values, out_arrays, closure_arrays = self._finish(ctx, state_values, out)
+            record = ctx.finish(self._refs, out)
+            self._modes = [(m, m.training) for m in record.models]
+            new_values, out_arrays, closure_arrays = self._finish(record, state_values)
             if self._state_shardings is not None:
                 new_values = jax.lax.with_sharding_constraint(new_values,
                                                               self._state_shardings)
@@ -260,13 +261,11 @@ class TracedStep:
                                 out_shardings=out_shardings)
         self.num_compiles += 1
 
-    def _finish(self, ctx: TraceContext, old_values: list, out: Any):
-        new_values = []
-        for ref, old in zip(self._refs, old_values):
-            new = ctx.values[ref]
-            new_values.append(jax.tree.map(_match_dtype, new, old))
+    def _finish(self, record: StepRecord, old_values: list):
+        new_values = [jax.tree.map(_match_dtype, new, old)
+                      for new, old in zip(record.values, old_values)]
         out_leaves, out_def = jax.tree.flatten(
-            out, is_leaf=lambda x: isinstance(x, DeferredValue) or is_torch_tensor(x)
+            record.outputs, is_leaf=lambda x: isinstance(x, DeferredValue) or is_torch_tensor(x)
         )
         # A torch tensor of the step leaves the program as a JAX array, and comes back to
         # the caller as a torch tensor of its dtype (see __call__).
@@ -276,9 +275,8 @@ class TracedStep:
         self._out_torch = [d for x, d in zip(out_leaves, torch_dtypes)
                            if isinstance(x, jax.Array)]
         self._out_spec = (out_def, [None if isinstance(x, jax.Array) else x for x in out_leaves])
-        closure_arrays = _closures.split_arguments(ctx.closures, ctx.unroute)
-        self._closure_calls = ctx.closures
-        return new_values, out_arrays, closure_arrays
+        self._closure_calls = list(record.closures)
+        return new_values, out_arrays, list(record.closure_arrays)
 
     # ---- calling ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
