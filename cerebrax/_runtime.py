@@ -76,6 +76,9 @@ class Runtime:
     # ---- model wrapping (cerebrax.models) --------------------------------------------
     # an original parameter object (a torch nn.Parameter) -> its compiled Parameter
     parameter_aliases: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
+    # while a step is traced: compiled Parameter -> the torch tensor torch code sees
+    # for it (cerebrax._torch_parameters)
+    torch_views: dict = dataclasses.field(default_factory=dict)
     # ---- mixed precision (cerebrax._precision) ---------------------------------------
     half_dtype: str | None = None         # set_half_dtype's choice; None: float16
     mixed_precision: bool | None = None   # enable_mixed_precision's; None: the backend's

@@ -255,6 +255,16 @@ class Parameter(StateRef):
     def __jax_array__(self) -> jax.Array:
         return self.value
 
+    def __getattr__(self, name: str) -> Any:
+        # Torch code in a traced step that takes parameters from optimizer.param_groups
+        # uses them as torch tensors (p.detach(), p.add_(...)): while the step is traced,
+        # a compiled torch module's parameter answers the torch tensor that stands for
+        # its current value. Only attributes a Parameter lacks come here.
+        view = RUNTIME.torch_views.get(self) if not name.startswith("__") else None
+        if view is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(view, name)
+
 
 def live_refs() -> list[StateRef]:
     """Every registered slot that is still alive, in creation order."""

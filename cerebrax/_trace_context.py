@@ -355,6 +355,10 @@ class TraceContext:
             return loss, (self.aux, [self.values[r] for r in written],
                           [t.__jax_array__() for t in tensors]), (out_routed, written, tensors)
 
+        with _live_torch_parameters(self):
+            return self._run(forward, primals)
+
+    def _run(self, forward: Callable, primals: list) -> Any:
         loss_out, vjp_fn, aux, static = _vjp_with_static_aux(forward, primals)
         self.aux_out, written_values, tensor_values = aux
         out_routed, written, tensors = static
@@ -368,7 +372,7 @@ class TraceContext:
         self.phase = "replay"
         if self.loss is not None:
             (grads,) = vjp_fn(jnp.ones_like(loss_out))
-            self._grads = dict(zip(diff_refs, grads))
+            self._grads = dict(zip(self._differentiated, grads))
         for call, routed, result in self.deferred:
             cargs, ckwargs = self.unroute(routed)
             result.resolve(call(*cargs, **ckwargs))
@@ -428,6 +432,28 @@ class _Finished:
     """What the step's greenlet returns when the step's code has run to its end."""
 
     value: Any
+
+
+@contextlib.contextmanager
+def _live_torch_parameters(ctx: TraceContext) -> Iterator[None]:
+    """While the block runs, torch code that reads a torch parameter of a compiled torch
+    module reads the parameter's value in this step: the differentiated value in the
+    forward pass, so a penalty such as ``sum(p.pow(2).sum() for p in
+    model.parameters())`` has its gradient, and the updated value after
+    ``optimizer.step()``. A torch function mode gives every torch call that takes such a
+    parameter (``p ** 2``, ``p.detach()``, ``p.data``, ``torch.stack(params)``) a
+    stand-in tensor whose value is the state's (``torch_bridge.stand_in``); reading or
+    setting ``.grad`` and the other attributes keeps the parameter itself. Without it,
+    torch code would compute with the values the module was built with, as constants."""
+    aliases = [(original, p) for original, p in RUNTIME.parameter_aliases.items()
+               if p in ctx.values]
+    if not aliases:
+        yield
+        return
+    from ._torch_parameters import ParameterReads
+
+    with ParameterReads(aliases):
+        yield
 
 
 @contextlib.contextmanager

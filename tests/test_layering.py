@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement"),
     ("torch_bridge.ops",),
     ("torch_bridge",),
-    ("cerebrax._interop",),
+    ("cerebrax._interop", "cerebrax._torch_parameters"),
     ("cerebrax._state",),
     ("cerebrax._closures",),
     ("cerebrax._trace_context",),

@@ -19,5 +19,6 @@ from ._tensor import assign as assign
 from ._tensor import is_view as is_view
 from ._tensor import on_backward as on_backward
 from ._tensor import recording as recording
+from ._tensor import stand_in as stand_in
 from .ops import lowered_ops as lowered_ops
 from .ops import lowering as lowering

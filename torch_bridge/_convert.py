@@ -20,6 +20,7 @@ from . import ops as _ops  # noqa: F401  (registers the built-in lowerings)
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
 from ._export import export_program
 from ._program import Program
+from ._tensor import JaxTensor
 
 __all__ = ["Converted", "call_defaults", "convert", "random_seed"]
 
@@ -85,8 +86,9 @@ def random_seed() -> jax.Array:
 @contextlib.contextmanager
 def _cpu_stand_ins(module: torch.nn.Module):
     """While the block runs, ``module``'s tensors on torch's meta device (built there,
-    or whose storage a compiled state took over) are stand-ins with no storage that
-    report the CPU, as the module's tensors did when it was built.
+    or whose storage a compiled state took over) and the JaxTensors that stand for its
+    parameters while a step is traced are fake tensors with no storage that report the
+    CPU, as the module's tensors did when it was built.
 
     The export then sees what torch eager sees: ``x.device`` is the CPU in ``forward``,
     so a tensor that ``forward`` makes itself (``torch.tensor(0.125, device=x.device)``)
@@ -95,7 +97,7 @@ def _cpu_stand_ins(module: torch.nn.Module):
     """
     named = [*module.named_parameters(remove_duplicate=False),
              *module.named_buffers(remove_duplicate=False)]
-    if not any(t.is_meta for _, t in named):
+    if not any(t.is_meta or isinstance(t, JaxTensor) for _, t in named):
         yield
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -106,9 +108,9 @@ def _cpu_stand_ins(module: torch.nn.Module):
     stand_ins = {}
     for name, t in named:
         if id(t) not in made:
+            meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
             fake = mode.fake_tensor_converter.from_meta_and_device(
-                mode, t.detach() if t.is_meta else torch.empty_like(t, device="meta"),
-                torch.device("cpu"))
+                mode, meta, torch.device("cpu"))
             if isinstance(t, torch.nn.Parameter):
                 fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
             made[id(t)] = fake

@@ -53,7 +53,8 @@ from .ops._dtypes import export_dtype, jax_dtype, to_jax
 # the process now and then ("terminate called without an active exception", exit 134).
 atexit.register(gc.collect)
 
-__all__ = ["JaxTensor", "assign", "is_view", "on_backward", "recording", "unwrap", "wrap"]
+__all__ = ["JaxTensor", "assign", "is_view", "on_backward", "recording", "stand_in", "unwrap",
+           "wrap"]
 
 aten = torch.ops.aten
 
@@ -116,6 +117,9 @@ class JaxTensor(torch.Tensor):
     # function from that tensor's value to this one's. Its value is read from the base
     # and a write to it writes the base, as torch's views alias their base's storage.
     _view: tuple[JaxTensor, Callable[[jax.Array], jax.Array]] | None = None
+    # A tensor that stands for a value kept elsewhere (see stand_in): its value is
+    # ``_source.value``, read at every use, and a write sets it.
+    _source: Any = None
 
     @staticmethod
     def __new__(cls, value: jax.Array, dtype: torch.dtype | None = None,
@@ -137,6 +141,8 @@ class JaxTensor(torch.Tensor):
     @property
     def _jax(self) -> jax.Array:
         """The value; a view's is computed from its base's current value."""
+        if self._source is not None:
+            return self._source.value
         if self._view is None:
             return self._value
         base, fn = self._view
@@ -144,6 +150,9 @@ class JaxTensor(torch.Tensor):
 
     @_jax.setter
     def _jax(self, value: jax.Array) -> None:
+        if self._source is not None:
+            self._source.value = value
+            return
         if self._view is None:
             self._value = value
             return
@@ -269,6 +278,18 @@ def _viewing(view: JaxTensor, base: JaxTensor, fn: Callable) -> JaxTensor:
 def _detached(value: jax.Array) -> jax.Array:
     """``x.detach()``'s view function."""
     return value
+
+
+def stand_in(source: Any, like: torch.Tensor) -> JaxTensor:
+    """A tensor shaped and typed like ``like`` (its dtype, ``requires_grad``) whose
+    value is ``source.value``, read at every use; a write into it (or into a view of
+    it) sets ``source.value``. Swapped into a torch parameter while a step is traced,
+    it makes torch code that reads the parameter read the step's current value."""
+    tensor = torch.Tensor._make_wrapper_subclass(
+        JaxTensor, tuple(int(d) for d in like.shape), dtype=like.dtype, device="cpu",
+        requires_grad=like.requires_grad)
+    tensor._source = source
+    return tensor
 
 
 def assign(tensor: JaxTensor, value: jax.Array) -> None:

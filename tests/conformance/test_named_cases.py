@@ -225,6 +225,27 @@ def test_torch_clipping_over_the_optimizers_param_groups(clip):
     _assert_same(eager(after_backward=clip_groups), compiled(after_backward=clip_groups))
 
 
+# ---- the torch parameters themselves ---------------------------------------------------------
+def test_a_penalty_on_the_torch_parameters_has_its_gradient():
+    """``sum(p.pow(2).sum() for p in model.parameters())`` in the step's loss reads the
+    parameters' current values and differentiates through them (torch code once read
+    the values the module was built with, as constants: the penalty had no gradient)."""
+    def penalized(out, model):
+        return out + 0.05 * sum(p.pow(2).sum() for p in model.parameters())
+
+    _assert_same(eager(on_output=penalized), compiled(on_output=penalized))
+
+
+def test_torch_code_after_backward_reads_the_parameters_current_values():
+    """A hand-written weight decay, ``p.grad.add_(p.detach(), alpha=0.1)`` after
+    ``loss.backward()``, reads each step's weights (once: the initial ones)."""
+    def decay(model, _):
+        for p in model.parameters():
+            p.grad.add_(p.detach(), alpha=0.1)
+
+    _assert_same(eager(after_backward=decay), compiled(after_backward=decay))
+
+
 # ---- what a step returns -------------------------------------------------------------------
 def test_a_returned_torch_value_is_a_torch_tensor_in_a_closure_called_outside():
     """Seed 001 calls ``post_training_step(loss)`` outside the step on the returned

@@ -118,3 +118,16 @@ def test_op_group_matches_torch(fn, x):
         assert rel_err(o, e.detach().numpy()) <= 1e-5, i
     assert rel_err(grad, xt.grad.numpy()) <= 1e-5
     np.testing.assert_equal(len(out), len(expected))
+
+
+@pytest.mark.parametrize("norm", [
+    lambda x: torch.linalg.vector_norm(x, dim=-1),
+    lambda x: x.norm(dim=-1),
+    lambda x: torch.cdist(x[:, None], torch.zeros_like(x)[:, None])[:, 0, 0],
+], ids=["vector_norm", "Tensor.norm", "cdist"])
+def test_a_norm_is_nan_where_torchs_is_and_zero_at_zero(norm):
+    """The 2-norm of a vector holding a NaN is NaN (torch.nn.utils.clip_grad_norm_ reads
+    a NaN gradient's norm this way), of the zero vector 0, as torch gives them."""
+    x = torch.tensor([[1.0, float("nan")], [0.0, 0.0], [3.0, 4.0]])
+    got = np.asarray(torch_bridge.convert(_Fn(norm))(x))
+    np.testing.assert_array_equal(got, norm(x).numpy())

@@ -81,6 +81,6 @@ def shape_of(size: Sequence[Any]) -> tuple[int, ...]:
 
 def safe_sqrt(s: Any) -> Any:
     """sqrt with torch's gradient at 0 (zero, where plain sqrt gives NaN): norms and
-    distances of zero vectors."""
-    positive = s > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, s, 1.0)), 0.0).astype(s.dtype)
+    distances of zero vectors). A NaN stays NaN, as torch's norm of a NaN vector."""
+    zero = s == 0
+    return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, s))).astype(s.dtype)
