@@ -289,7 +289,8 @@ class ProgramStage:
     The stage reads the graph's parameters, buffers, constants and user inputs that its
     nodes use, plus ``carry_in``: the values that earlier layers produced and this or a
     later stage (or the graph's outputs) still needs. It returns ``carry_out`` (the same
-    for the next stage) or, for the last stage, the graph's flat user outputs, and the
+    for the next stage) or, for the last stage, the graph's flat user outputs (the
+    arguments of its side calls last, for the caller to make them), and the
     buffers its nodes update.
     """
 
@@ -337,9 +338,10 @@ class ProgramStage:
         if not self.last:
             return tuple(env[n] for n in self.carry_out), mutated
         outputs = map_arg(self.program._output_node.args[0], env.__getitem__)
-        user = [v for (kind, _), v in zip(self.program._outputs, outputs)
-                if kind == OutputKind.USER_OUTPUT]
-        return self.program.side_calls.run(user), mutated
+        # With the side calls' arguments last: the caller makes them (SideCalls.run)
+        # where the stage's outputs have been gathered.
+        return [v for (kind, _), v in zip(self.program._outputs, outputs)
+                if kind == OutputKind.USER_OUTPUT], mutated
 
 
 def _broadcast_half(value: Any, shape: tuple[int, ...]) -> Any:

@@ -30,22 +30,27 @@ class TorchOutputs:
     torch structure they came in (a transformers ``ModelOutput``, a dict, a tuple).
 
     JAX sees the leaves (they cross ``jax.jit`` and micro-batch scans); :meth:`rebuild`
-    gives the structure back.
+    gives the structure back. ``side_calls``: where the leaves end with the arguments of
+    calls ``forward`` made for their effect (a metric update in a pipeline's last
+    stage, which runs inside the device mesh's ``shard_map``), :meth:`rebuild` makes
+    those calls, outside it, on the gathered values.
     """
 
-    def __init__(self, leaves: list, spec: pytree.TreeSpec):
+    def __init__(self, leaves: list, spec: pytree.TreeSpec, side_calls: Any = None):
         self.leaves = list(leaves)
         self.spec = spec
+        self.side_calls = side_calls
 
-    def tree_flatten(self) -> tuple[tuple, pytree.TreeSpec]:
-        return tuple(self.leaves), self.spec
+    def tree_flatten(self) -> tuple[tuple, tuple]:
+        return tuple(self.leaves), (self.spec, self.side_calls)
 
     @classmethod
-    def tree_unflatten(cls, spec: pytree.TreeSpec, leaves: Any) -> TorchOutputs:
-        return cls(list(leaves), spec)
+    def tree_unflatten(cls, aux: tuple, leaves: Any) -> TorchOutputs:
+        return cls(list(leaves), *aux)
 
     def rebuild(self, leaf: Callable[[Any], Any]) -> Any:
-        return pytree.tree_unflatten([leaf(x) for x in self.leaves], self.spec)
+        leaves = self.leaves if self.side_calls is None else self.side_calls.run(self.leaves)
+        return pytree.tree_unflatten([leaf(x) for x in leaves], self.spec)
 
 
 class TorchModelAdapter(ModelAdapter):
@@ -156,7 +161,7 @@ class TorchModelAdapter(ModelAdapter):
                 out, mutated = part.run(p, b, carry, inputs, key)
                 mutated = {n: v.astype(b[n].dtype) for n, v in mutated.items()}
                 if part.last:
-                    out = TorchOutputs(out, program.out_spec)
+                    out = TorchOutputs(out, program.out_spec, program.side_calls)
                 return out, mutated
 
             return Stage(fn, part.params, part.buffers)
