@@ -253,8 +253,9 @@ def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backe
 
     Args:
       backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"`` (case-insensitive).
-      **kwargs: CPU: ``artifact_dir``, ``allow_recompile``. GPU: those plus
-        ``enable_distributed``, ``main_process_id``, ``dist_backend``,
+      **kwargs: CPU: ``artifact_dir``, ``allow_recompile``, ``cluster_config``
+        (accepted as cstorch accepts it, and unused: there is no wafer to lay out).
+        GPU: those plus ``enable_distributed``, ``main_process_id``, ``dist_backend``,
         ``init_method``, ``sync_batchnorm``. CSX: ``artifact_dir``, ``compile_dir``,
         ``compile_only``, ``validate_only``, ``cluster_config``, ``allow_recompile``.
 
@@ -290,12 +291,14 @@ def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backe
     return new
 
 
-_COMMON = {"artifact_dir", "allow_recompile"}
+# cluster_config is taken by every backend, as cstorch's are (a script such as gigaGPT
+# passes its ClusterConfig whatever the backend); only CSX lays a model out with it.
+_COMMON = {"artifact_dir", "allow_recompile", "cluster_config"}
 _ALLOWED = {
     "CPU": _COMMON,
     "GPU": _COMMON
     | {"enable_distributed", "main_process_id", "dist_backend", "init_method", "sync_batchnorm"},
-    "CSX": _COMMON | {"compile_dir", "compile_only", "validate_only", "cluster_config"},
+    "CSX": _COMMON | {"compile_dir", "compile_only", "validate_only"},
 }
 
 
@@ -318,16 +321,17 @@ def _validate_options(kind: str, options: dict[str, Any]) -> dict[str, Any]:
                 f"backend('GPU', {gpu_only}=...) is not supported by cerebrax: a GPU run "
                 "uses one device; multi-device runs use the CSX backend's ClusterConfig."
             )
-    if kind != "CSX":
-        return options
     cluster = options.get("cluster_config")
-    if cluster is None:
-        cluster = run_config().cluster_config
-    elif not isinstance(cluster, ClusterConfig):
+    if cluster is not None and not isinstance(cluster, ClusterConfig):
         raise ConfigError(
-            "backend('CSX', cluster_config=...) expects a "
+            f"backend({kind!r}, cluster_config=...) expects a "
             f"cstorch.distributed.ClusterConfig, got {type(cluster).__name__}."
         )
+    if kind != "CSX":
+        options.pop("cluster_config", None)  # no wafer to lay out: nothing to configure
+        return options
+    if cluster is None:
+        cluster = run_config().cluster_config
     options["cluster_config"] = cluster
     config = run_config()
     options.setdefault("compile_dir", config.compile_dir)

@@ -47,8 +47,18 @@ def test_cpu_backend_rejects_mixed_precision():
 
 
 def test_unknown_backend_option():
-    with pytest.raises(cstorch.ConfigError, match="unknown option"):
-        cstorch.backend("CPU", cluster_config=ClusterConfig())
+    with pytest.raises(cstorch.ConfigError, match=r"unknown option\(s\) \['compile_dir'\]"):
+        cstorch.backend("CPU", compile_dir="/tmp/x")
+
+
+def test_cpu_backend_takes_a_cluster_config_and_lays_nothing_out():
+    # cstorch's backends all take cluster_config; gigaGPT passes its ClusterConfig to
+    # cstorch.backend(config.backend, cluster_config=cs_config) on every backend.
+    backend = cstorch.backend("CPU", cluster_config=ClusterConfig(num_csx=2))
+    assert backend.is_cpu and getattr(backend, "layout", None) is None
+    cstorch.reset()
+    with pytest.raises(cstorch.ConfigError, match="ClusterConfig"):
+        cstorch.backend("CPU", cluster_config={"num_csx": 1})
 
 
 def test_gpu_backend_without_a_gpu():
