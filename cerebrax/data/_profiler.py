@@ -8,11 +8,12 @@ counts into two rates, in samples per second:
   return quickly does not make the rate jump);
 - ``global_rate``: every sample counted since the start over the seconds since then.
 
-When counts happen. The executor starts the clock when the first step has been traced,
-compiled and dispatched (compile time is not throughput), and counts a step's samples
-once its Python body has returned and the closures of the steps before it have run, so
-a step closure of step ``s`` (the usual place to log rates) sees the samples of steps
-``0..s``. When the loop ends it waits for the last step and stops the clock, so the
+When counts happen. The executor counts a step's samples once its Python body has
+returned and the closures of the steps before it have run, so a step closure of step
+``s`` (the usual place to log rates) sees the samples of steps ``0..s``. The clock
+starts when the first step has been traced, compiled, dispatched and counted (compile
+time is not throughput): the first step's samples are in ``total_count`` but not in the
+rates, which are 0 in its closure and measure the steps after it. When the loop ends it waits for the last step and stops the clock, so the
 rates read after the loop are final. Time comes from ``clock`` (``time.perf_counter``);
 tests give a fake one.
 """
@@ -56,10 +57,11 @@ class RateTracker:
         self.clock = clock
         self.reset()
 
-    def reset(self) -> None:
-        """Zeroes the counts and restarts the clock."""
+    def reset(self, counted: int = 0) -> None:
+        """Restarts the clock. ``counted``: samples already done when it starts; they
+        count in ``total_count`` but in neither rate (they took no measured time)."""
         self.start = self._last = self.clock()
-        self.total_count = 0
+        self.total_count = self._before = counted
         self._end: float | None = None
         self._avg_count = self._avg_seconds = 0.0
 
@@ -96,7 +98,7 @@ class RateTracker:
     def global_rate(self) -> float:
         """Samples per second since the start."""
         elapsed = self.elapsed_seconds
-        return self.total_count / elapsed if elapsed > 0 else 0.0
+        return (self.total_count - self._before) / elapsed if elapsed > 0 else 0.0
 
 
 class Profiler:
@@ -113,10 +115,18 @@ class Profiler:
         self.rate_tracker = RateTracker(clock=clock)
 
     def start(self) -> None:
-        """The first step is dispatched: the clock starts."""
+        """The first step is dispatched: the clock starts at its count (see below)."""
         self.rate_tracker.reset()
+        self._first = True
 
     def step_done(self, samples: int) -> None:
+        if getattr(self, "_first", False):
+            # The first step is counted as soon as it is dispatched, no measurable time
+            # after the clock started: its samples start the clock (they count in the
+            # total, not in the rates; counted, they made step 1's rates ~1e5 samples/s).
+            self._first = False
+            self.rate_tracker.reset(counted=samples)
+            return
         self.rate_tracker.add(samples)
 
     def finish(self) -> None:

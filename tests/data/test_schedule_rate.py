@@ -120,25 +120,33 @@ def test_rates_follow_their_definitions_on_a_fake_clock():
 
 
 def test_executor_counts_samples_per_step_on_a_fake_clock():
-    """Each step's body takes 1 fake second; the clock starts after step 0's body and
-    every step's samples count, so global_rate = n * B / (n - 1) and rate = B / 1 s."""
+    """Each step's body takes 1 fake second. The clock starts when step 0 is counted
+    (its samples took no measured time: counted in the rates, they once made step 0's
+    rates B / 0 s and global_rate n * B / (n - 1)); every later step adds B samples in
+    1 s, so both rates are B / 1 s, and step 0's closure sees rates of 0."""
     clock, batch, n = FakeClock(), 8, 6
     seen_in_closures = []
     loader = DataLoader(lambda: [np.zeros((batch, 2), np.float32)], num_steps=n)
     executor = DataExecutor(loader, checkpoint_steps=4, progress_bar=False)
     executor.profiler.rate_tracker.clock = clock
 
+    rates_in_closures = []
+
     @cstorch.step_closure
     def log(step):
-        seen_in_closures.append((step, executor.profiler.rate_tracker.total_count))
+        tracker = executor.profiler.rate_tracker
+        seen_in_closures.append((step, tracker.total_count))
+        rates_in_closures.append((tracker.rate, tracker.global_rate))
 
     for _ in executor:
         clock.now += 1.0
         log(executor.iteration)
     tracker = executor.profiler.rate_tracker
     assert tracker.total_count == n * batch
-    assert tracker.global_rate == pytest.approx(n * batch / (n - 1))
+    assert tracker.global_rate == pytest.approx(batch / 1.0)
     assert tracker.rate == pytest.approx(batch / 1.0)
+    assert rates_in_closures[0] == (0.0, 0.0)
+    assert all(0 < r <= 2 * batch and 0 < g <= 2 * batch for r, g in rates_in_closures[1:])
     # A closure of step s (run behind the step, or at once on checkpoint step 3) sees
     # the samples of steps 0..s.
     assert seen_in_closures == [(s, (s + 1) * batch) for s in range(n)]
