@@ -16,6 +16,7 @@ screen through ``tee``, later than the bar, and would land on the bar's line.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import sys
 import time
@@ -63,10 +64,30 @@ def _width(stream: Any) -> int:
 
 
 def _live_by_default(stream: Any) -> bool:
-    """A live bar on a terminal; on stderr, only when stdout's lines go straight there too."""
+    """A live bar on a terminal; on stderr, only when stdout's lines go straight there
+    too; never when the script draws its own bar or logs to a terminal (see
+    :func:`_script_writes_progress`)."""
+    if _script_writes_progress():
+        return False
     if stream is sys.stderr:
         return _isatty(sys.stderr) and _isatty(sys.stdout)
     return _isatty(stream)
+
+
+def _script_writes_progress() -> bool:
+    """Whether the running script shows its own progress on the terminal: a tqdm bar of
+    its own is open, or a ``logging`` handler writes to stdout or stderr (gigaGPT logs
+    each step with ``logging.basicConfig()``). A bar of cerebrax's would be redrawn into
+    those lines, so the executor then prints only its summary line at the end."""
+    if any(not isinstance(bar, _Bar) for bar in list(getattr(tqdm, "_instances", ()))):
+        return True
+    loggers = [logging.getLogger()] + [
+        logger for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)]
+    return any(isinstance(handler, logging.StreamHandler)
+               and getattr(handler, "stream", None) in (sys.stdout, sys.stderr)
+               and _isatty(handler.stream)
+               for logger in loggers for handler in logger.handlers)
 
 
 class _Bar(tqdm):

@@ -115,6 +115,32 @@ def test_bar_on_stderr_is_live_only_when_stdout_is_a_terminal_too(monkeypatch):
     assert ProgressBar(3, stream=Terminal()).live  # another stream: its own isatty decides
 
 
+def test_no_live_bar_when_the_script_logs_or_draws_its_own(monkeypatch):
+    """A script that logs to the terminal (gigaGPT: logging.basicConfig() and a log line
+    per step) or draws its own tqdm bar gets no live bar of cerebrax's, which would be
+    redrawn into its lines: only the summary line at the end."""
+    import logging
+
+    from tqdm import tqdm
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert ProgressBar(3).live
+    handler = logging.StreamHandler(sys.stderr)
+    logging.getLogger("a_script").addHandler(handler)
+    try:
+        assert not ProgressBar(3).live
+    finally:
+        logging.getLogger("a_script").removeHandler(handler)
+    own = tqdm(total=3, file=io.StringIO())
+    try:
+        assert not ProgressBar(3).live
+    finally:
+        own.close()
+    assert ProgressBar(3).live
+    assert ProgressBar(3, live=True).live  # asked for: drawn
+
+
 def test_a_terminal_of_unknown_size_still_shows_the_bar():
     """A pseudo-terminal nobody sized (0 x 0, as under `script` or some CI runners):
     tqdm alone would draw nothing there."""
