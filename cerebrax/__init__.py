@@ -21,6 +21,7 @@ from . import summaries as summaries
 from . import utils as utils
 from . import wse as wse
 from ._closures import checkpoint_closure as checkpoint_closure
+from ._cstorch_alias import enable_cstorch_alias as enable_cstorch_alias
 from ._closures import step_closure as step_closure
 from ._state import Parameter as Parameter
 from ._version import __version__ as __version__

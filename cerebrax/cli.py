@@ -5,6 +5,10 @@
     cerebrax eval     CONFIG.yaml [--checkpoint PATH] [--model_dir DIR] [key.path=value ...]
     cerebrax validate CONFIG.yaml [--mode train|eval] [key.path=value ...]
     cerebrax compile  CONFIG.yaml [--mode train|eval] [key.path=value ...]
+    cerebrax run      SCRIPT [ARGS ...]
+
+``run`` runs an unmodified cstorch script as ``python SCRIPT ARGS ...`` would, with
+``import cerebras.pytorch as cstorch`` giving cerebrax (:mod:`cerebrax._cstorch_alias`).
 
 ``fit`` trains for ``runconfig.num_steps`` steps (the total: a resumed run trains the
 steps that remain), prints the loss every ``runconfig.log_steps`` steps and saves
@@ -141,6 +145,8 @@ COMMANDS = {
     "validate": "trace one step without compiling or running it",
     "compile": "compile one step, write its HLO and memory report, run nothing",
 }
+# `cerebrax run SCRIPT [ARGS...]` is handled before these (main): an unmodified cstorch
+# script, with `import cerebras.pytorch` giving cerebrax.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -251,8 +257,33 @@ def _run(args: argparse.Namespace) -> None:
         _commands.run_compile(job, mode=mode, validate_only=args.command == "validate")
 
 
+def _run_script(argv: list[str]) -> int:
+    """``cerebrax run SCRIPT [ARGS...]`` (see :mod:`cerebrax._cstorch_alias`)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(MSG_RUN_USAGE, file=sys.stderr if not argv else sys.stdout)
+        return 2 if not argv else 0
+    from ._cstorch_alias import run_script
+    from .errors import ConfigError
+
+    try:
+        return run_script(argv[0], argv[1:])
+    except ConfigError as e:
+        print(f"cerebrax run: error: {e}", file=sys.stderr)
+        return 2
+
+
+MSG_RUN_USAGE = """usage: cerebrax run SCRIPT [ARGS ...]
+
+Runs an unmodified cstorch script as `python SCRIPT ARGS ...` would, with
+`import cerebras.pytorch as cstorch` (and its submodules) giving cerebrax, also in the
+DataLoader worker processes it starts."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":  # the script's own arguments are not ours to parse
+        return _run_script(argv[1:])
     parser = _parser()
     # Overrides may come before or after the options: collect the strays here.
     args, extra = parser.parse_known_args(argv)  # exits with status 2 on a usage error

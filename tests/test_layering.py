@@ -39,9 +39,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.data", "cerebrax.summaries"),
     ("cerebrax.utils", "cerebrax.distributed"),
     ("cerebrax.legacy", "cerebrax.estimator"),
-    ("cerebrax._cli",),
+    ("cerebrax._cli", "cerebrax._cstorch_alias"),
     ("cerebrax.cli",),
-    ("cerebrax", "cerebrax.__main__", "cerebrax.ckpt.__main__"),
+    ("cerebrax", "cerebrax.__main__", "cerebrax.ckpt.__main__",
+     "cerebrax._alias.cerebras.pytorch"),
 ]
 
 
