@@ -311,6 +311,7 @@ def run_fit(
         checkpoint_steps=math.gcd(every, start) if every else 0,
         activation_steps=math.gcd(run.log_steps, start),
         writer=writer,
+        progress_bar="auto",
     )
     validate = None
     if run.eval_frequency is not None:
@@ -441,7 +442,7 @@ def run_eval(job: JobConfig, checkpoint: str | None, *, config: dict) -> None:
     )
     model.eval()
     steps = 0
-    with contextlib.closing(iter(DataExecutor(loader))) as batches:
+    with contextlib.closing(iter(DataExecutor(loader, progress_bar="auto"))) as batches:
         for batch in batches:
             if not steps:
                 _build.check_batch(batch, job.eval_input)

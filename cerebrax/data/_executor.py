@@ -72,9 +72,11 @@ class DataExecutor:
       profiler_activities: cstorch's host activities to profile on an appliance;
         cerebrax records them (``executor.profiler.activities``) and measures only the
         rates below.
-      progress_bar: True draws a live bar, False nothing; None (the default) draws a live
-        bar on stderr when stderr and stdout are a terminal, and otherwise prints one
-        summary line to stderr at the end.
+      progress_bar: False (the default) prints nothing: a script's output is its own, as
+        with cstorch. ``"auto"`` (what ``cerebrax fit`` and ``eval`` use; None means the
+        same) draws a live bar on stderr when stderr and stdout are a terminal and the
+        script shows no progress of its own there (a tqdm bar, a logging handler), and
+        otherwise prints one summary line to stderr at the end. True draws a live bar.
 
     Throughput. ``executor.profiler.rate_tracker.rate`` is the samples (batch rows)
     per second over the last few steps and ``.global_rate`` the samples per second
@@ -92,7 +94,7 @@ class DataExecutor:
         writer: Any = None,
         profiler_activities: Any = None,
         *,
-        progress_bar: bool | None = None,
+        progress_bar: bool | str | None = False,
     ):
         if not isinstance(dataloader, DataLoader):
             raise ConfigError(
@@ -178,7 +180,8 @@ class DataExecutor:
         backend = current_backend(raise_exception=False)
         device = batch_placement()
         show = self._progress_bar
-        self.progress = ProgressBar(self.num_steps, live=show) if show is not False else None
+        live = None if show in ("auto", None) else show  # ProgressBar's live=None: auto
+        self.progress = ProgressBar(self.num_steps, live=live) if show is not False else None
         finished = False
         self.profiler.start()
         with _closures.executor_scope(self):

@@ -159,7 +159,23 @@ def test_executor_draws_the_progress_bar(capsys):
         return model(x).sum()
 
     loader = cstorch.utils.data.DataLoader(lambda: [np.ones((2, 8), np.float32)], num_steps=3)
-    for x in cstorch.utils.data.DataExecutor(loader, progress_bar=None):
+    for x in cstorch.utils.data.DataExecutor(loader, progress_bar="auto"):
         step(x)
     err = capsys.readouterr().err
     assert "[cerebrax] step 3/3" in err and "loss" in err
+
+
+def test_executor_prints_nothing_by_default_in_a_script(capsys):
+    """A user script's output is its own (its own logging or tqdm bar, as gigaGPT's
+    eval.py): the executor's bar is opt-in there; `cerebrax fit` and `eval` ask for it."""
+    model = compiled_mlp()
+
+    @cstorch.trace
+    def step(x):
+        return model(x).sum()
+
+    loader = cstorch.utils.data.DataLoader(lambda: [np.ones((2, 8), np.float32)], num_steps=3)
+    for x in cstorch.utils.data.DataExecutor(loader):
+        step(x)
+    captured = capsys.readouterr()
+    assert "[cerebrax]" not in captured.err + captured.out

@@ -79,7 +79,7 @@ def test_executor_bar_on_stderr_and_closure_lines_on_stdout_share_a_terminal(mon
         return loss
 
     loader = cstorch.utils.data.DataLoader(lambda: [np.ones((2, 8), np.float32)], num_steps=4)
-    for x in cstorch.utils.data.DataExecutor(loader):  # progress_bar=None: stderr is a tty
+    for x in cstorch.utils.data.DataExecutor(loader, progress_bar="auto"):  # stderr: a tty
         step(x)
     shown = [line for line in screen(term.getvalue()) if line]
     assert [line.split(" loss")[0] for line in shown[:-1]] == [f"step {i}" for i in range(1, 5)]
