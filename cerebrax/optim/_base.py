@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _state
 from ..errors import ConfigError, StateError
-from .._trace_context import context_with_grads, deferrable, with_jax_gradients
+from .._trace_context import deferrable, with_jax_gradients
 from ..models import resolve_parameter
 
 __all__ = ["Optimizer", "ParamGroup"]
@@ -504,10 +504,6 @@ class Optimizer(abc.ABC):
                 position += 1
         self._state_ref.value = new
         self._load_hyperparameters(pairs)
-
-    # ---- helpers for step() --------------------------------------------------------
-    def _require_grads(self, what: str):
-        return context_with_grads(what)
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 
 from .. import _state
+from .._trace_context import context_with_grads
 from ..errors import ConfigError
 from ._base import Optimizer, stack_like
 
@@ -50,7 +51,7 @@ class OptaxOptimizer(Optimizer):
                 "optimizer.step(closure) is not supported: the loss is computed by the "
                 "traced step; call step() with no arguments."
             )
-        ctx = self._require_grads(f"{type(self).__name__}.step()")
+        ctx = context_with_grads(f"{type(self).__name__}.step()")
         self._traced = True
         states = list(self._tx_state.value)
         for i, group in enumerate(self.param_groups):
