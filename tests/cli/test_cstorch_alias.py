@@ -487,3 +487,12 @@ def test_cerebrax_run_names_a_missing_script(tmp_path):
     done = subprocess.run([sys.executable, "-m", "cerebrax", "run", str(tmp_path / "no.py")],
                           env=_plain_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no such script" in done.stderr
+
+
+def test_cerebrax_run_without_a_script_prints_its_usage(capsys):
+    from cerebrax.cli import main
+
+    assert main(["run"]) == 2
+    assert "usage: cerebrax run SCRIPT [ARGS ...]" in capsys.readouterr().err
+    assert main(["run", "--help"]) == 0
+    assert "usage: cerebrax run SCRIPT" in capsys.readouterr().out

@@ -246,6 +246,19 @@ def test_torch_code_after_backward_reads_the_parameters_current_values():
     _assert_same(eager(after_backward=decay), compiled(after_backward=decay))
 
 
+def test_a_parameter_answers_torch_methods_only_while_a_step_is_traced():
+    """Outside a traced step a compiled Parameter has no torch view: a torch method on it
+    is an AttributeError that names the attribute (inside, ``p.detach()`` works; see the
+    decay test over param_groups in test_table.py)."""
+    cstorch.reset()
+    model = _Mlp()
+    cstorch.compile(model, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    p = optimizer.param_groups[0]["params"][0]
+    with pytest.raises(AttributeError, match="'Parameter' object has no attribute 'detach'"):
+        p.detach()
+
+
 # ---- what a step returns -------------------------------------------------------------------
 def test_a_returned_torch_value_is_a_torch_tensor_in_a_closure_called_outside():
     """Seed 001 calls ``post_training_step(loss)`` outside the step on the returned
