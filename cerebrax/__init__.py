@@ -7,20 +7,30 @@ program on a CPU, on an emulated wafer of devices, or on GPUs/TPUs.
 """
 
 from . import amp as amp
+from . import cirh as cirh
 from . import ckpt as ckpt
+from . import core as core
 from . import data as data
 from . import distributed as distributed
 from . import errors as errors
 from . import estimator as estimator
+from . import experimental as experimental
 from . import legacy as legacy
+from . import lib as lib
 from . import metrics as metrics
 from . import models as models
+from . import nn as nn
 from . import optim as optim
+from . import profiler as profiler
 from . import schedules as schedules
+from . import sparse as sparse
+from . import storage as storage
 from . import summaries as summaries
 from . import utils as utils
 from . import wse as wse
 from ._closures import checkpoint_closure as checkpoint_closure
+from ._debug_names import add_debug_name as add_debug_name
+from ._debug_names import get_debug_name as get_debug_name
 from ._cstorch_alias import enable_cstorch_alias as enable_cstorch_alias
 from ._closures import step_closure as step_closure
 from ._state import Parameter as Parameter
@@ -50,6 +60,8 @@ from .models import ModelAdapter as ModelAdapter
 from .models import compile as compile  # noqa: A004
 from .models import register_model_adapter as register_model_adapter
 from .ckpt import load as load
+from .core.annotation import current_pol as current_pol
+from .core.annotation import pol as pol
 from .ckpt import save as save
 from .data import current_executor as current_executor
 from .errors import BackendError as BackendError
@@ -68,3 +80,5 @@ from .trace import TracedStep as TracedStep
 from .trace import backward as backward
 from .trace import compile_step as compile_step
 from .trace import trace as trace
+
+_generating_docs = False  # cstorch sets it while its documentation is built; never here

@@ -12,6 +12,14 @@ The alias is the folder ``cerebrax/_alias`` (a ``cerebras`` namespace portion ho
 script's modules again, resolve it too. Nothing else turns it on: ``import cerebrax`` does
 not. Where a real ``cerebras.pytorch`` (Cerebras' own package) is installed, both refuse
 with :class:`~cerebrax.errors.ConfigError` instead of shadowing it.
+
+The same folder holds ``cerebras/appliance/``, cerebrax's minimal stand-in for Cerebras'
+appliance package (``cerebras_appliance``, which pins numpy 1.25): only the names Cerebras'
+Model Zoo imports from it (logging helpers, error classes, checkpoint storage by path with
+local H5 files read and ``s3://`` paths refused, debug args and INI records, byte units, a
+telemetry client that sends nothing). It too is importable only where the alias is on, and
+where a real ``cerebras.appliance`` is installed elsewhere it loads that package in its
+place (see its ``__init__.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from ._runtime import RUNTIME
 from .errors import ConfigError
 
-__all__ = ["ALIAS_DIR", "enable_cstorch_alias", "run_script"]
+__all__ = ["ALIAS_DIR", "alias_enabled", "enable_cstorch_alias", "run_script"]
 
 ALIAS_DIR = pathlib.Path(__file__).resolve().parent / "_alias"
 
@@ -55,6 +64,13 @@ def _real_cstorch() -> str | None:
     return None if found is None else str(found.origin or found.submodule_search_locations)
 
 
+def alias_enabled() -> bool:
+    """Whether this process runs cstorch code through the alias (:func:`enable_cstorch_alias`
+    was called). Where cstorch and cerebrax differ by default, the alias gives cstorch's
+    behaviour: :func:`cerebrax.load` returns torch tensors, as cstorch's does."""
+    return RUNTIME.cstorch_alias
+
+
 def enable_cstorch_alias() -> None:
     """From now on ``import cerebras.pytorch as cstorch`` (and its submodules,
     ``cerebras.pytorch.distributed``, ``cerebras.pytorch.utils.tensorboard``, ...) gives
@@ -81,6 +97,7 @@ def enable_cstorch_alias() -> None:
     if alias not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([alias, *parts])
     importlib.invalidate_caches()
+    RUNTIME.cstorch_alias = True
 
 
 def run_script(script: str, args: Sequence[str] = ()) -> int:

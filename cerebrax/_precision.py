@@ -36,7 +36,7 @@ from .errors import ConfigError
 __all__ = ["CBFLOAT16", "autocast", "cast_floating", "compute_dtype",
            "enable_mixed_precision", "get_floating_point_dtype",
            "get_floating_point_dtype_str", "get_half_dtype", "get_half_dtype_str",
-           "mixed_precision", "round_to_cbfloat16", "set_half_dtype"]
+           "is_cbfloat16_tensor", "mixed_precision", "round_to_cbfloat16", "set_half_dtype"]
 
 # The dtype that stands for each half dtype name; cbfloat16 has float16 as its proxy
 # (what cstorch's set_half_dtype returns for it), and computes as CBFLOAT16 below.
@@ -262,3 +262,11 @@ def _astype(x: jax.Array, dtype: Any) -> jax.Array:
 
 def _round_cb16(x: jax.Array) -> jax.Array:
     return round_to_cbfloat16(x.astype(jnp.float32))
+
+
+def is_cbfloat16_tensor(tensor: Any) -> bool:
+    """Whether ``tensor`` has cstorch's cbfloat16 dtype: never in cerebrax, whose
+    cbfloat16 values are held in float32 arrays (see :func:`round_to_cbfloat16`), so
+    code such as ``if is_cbfloat16_tensor(t): t = t.float()`` leaves them as they are."""
+    del tensor
+    return False

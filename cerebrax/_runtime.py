@@ -4,7 +4,7 @@ Everything cerebrax remembers between calls, besides what users hold themselves
 (models, optimizers, steps), is a field of :class:`Runtime`, read top to bottom here.
 Each field names the module that owns it; other modules reach it through that module's
 public functions. :meth:`Runtime.reset` (``cstorch.reset()``) returns the process to
-its state at import: no backend, no registered state, no queued closures, no streams.
+its state at import (except that the cstorch alias, once on, stays on): no backend, no registered state, no queued closures, no streams.
 
 This module is the bottom layer with :mod:`cerebrax.errors`: it imports no other
 cerebrax module, and its fields hold plain containers.
@@ -88,12 +88,14 @@ class Runtime:
     torch_origins: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
     # ---- 1.2-era sessions (cerebrax.legacy) ------------------------------------------
     sessions: list = dataclasses.field(default_factory=list)    # innermost last
+    # ---- running cstorch code (cerebrax._cstorch_alias) ------------------------------
+    cstorch_alias: bool = False           # enable_cstorch_alias() ran; kept by reset()
 
     def reset(self) -> None:
         """Stops every stream and forgets everything above; bumps :attr:`generation`."""
         for stream in list(self.streams):
             stream.close()
-        fresh = Runtime(generation=self.generation + 1)
+        fresh = Runtime(generation=self.generation + 1, cstorch_alias=self.cstorch_alias)
         for field in dataclasses.fields(self):
             setattr(self, field.name, getattr(fresh, field.name))
 

@@ -11,6 +11,10 @@ from ._backend import get_or_create_backend as get_or_create_backend
 from ._backend import reset as reset
 from ._backend import run_config as run_config
 from ._backend import use_cs as use_cs
+from ._types import BackendType as BackendType
+from ._types import current_backend_impl as current_backend_impl
+from ._types import get_backend_args as get_backend_args
+from . import ltc_backend as ltc_backend
 from ._device import BackendDevice as BackendDevice
 from ._device import hand_over as hand_over
 from ._device import is_handed_over as is_handed_over

@@ -12,6 +12,8 @@ import numpy as np
 
 from cerebrax.errors import CheckpointError
 
+from .._runtime import RUNTIME
+
 from ._background import WRITER
 from ._format import (
     CEREBRAX_VERSION_ATTR,
@@ -65,16 +67,16 @@ def load(path: PathLike, map_location: str | None = None, *,
         saved numpy scalars as numpy scalars) and the file is closed. ``"jax"``:
         the same, as jax arrays with the saved dtype; a 64-bit array is refused
         unless ``jax_enable_x64`` is on, rather than silently narrowed.
-
-    Returns:
-      The saved tree.
-
-    Raises:
       return_torch: ``True``: every array comes back as a ``torch.Tensor`` (read
         now), as cstorch's ``load`` gives them, so that torch code such as
         ``state[k].t()`` runs on them. ``False``: torch files give numpy arrays.
         ``None`` (the default): each format as it is, a cerebrax checkpoint's
-        arrays lazy (see ``map_location``), a torch file's tensors torch tensors.
+        arrays lazy (see ``map_location``), a torch file's tensors torch tensors;
+        under the cstorch alias (``cerebrax run``, :func:`cerebrax.enable_cstorch_alias`)
+        ``True``, as cstorch code expects.
+
+    Returns:
+      The saved tree.
 
     A file written by ``torch.save`` (a zip archive or a bare pickle) is read with
     ``torch.load(path, weights_only=True)``, which rebuilds tensors, containers and
@@ -101,12 +103,14 @@ def load(path: PathLike, map_location: str | None = None, *,
     """
     path = os.fspath(path)
     to_target = _target_converter(map_location)
+    if return_torch is None and map_location != "jax" and RUNTIME.cstorch_alias:
+        return_torch = True  # cstorch code (cerebrax run): torch tensors, as cstorch
     if is_torch_file(path):
         return _load_torch_file(path, map_location, return_torch)
     if return_torch:
         from ._torch import to_torch
 
-        return to_torch(load(path, map_location))
+        return to_torch(load(path, map_location, return_torch=False))
     WRITER.settle(path)  # a background save to this path finishes first
     file, version = _open_checkpoint(path)
     try:

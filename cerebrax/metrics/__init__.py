@@ -12,3 +12,4 @@ from ._mean import MeanMetric as MeanMetric
 from ._mean_iou import MeanIOUMetric as MeanIOUMetric
 from ._mean_per_class_accuracy import MeanPerClassAccuracyMetric as MeanPerClassAccuracyMetric
 from ._perplexity import PerplexityMetric as PerplexityMetric
+from . import metric as metric

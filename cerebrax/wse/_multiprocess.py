@@ -20,7 +20,7 @@ from .._filters import check_int, is_strict_int
 from .._runtime import RUNTIME
 from ..errors import BackendError, ConfigError
 
-__all__ = ["initialize", "shutdown"]
+__all__ = ["get_rank", "get_world_size", "initialize", "shutdown"]
 
 MSG_TOO_LATE = """\
 cstorch.distributed.initialize() must run before JAX starts its devices, but {what}.
@@ -114,6 +114,16 @@ def shutdown() -> None:
     Called at exit by itself; nothing happens when the run was not initialized.
     """
     jax.distributed.shutdown()
+
+
+def get_rank() -> int:
+    """This process's index among the processes of the run (0 in a one-process run)."""
+    return jax.process_index()
+
+
+def get_world_size() -> int:
+    """The number of processes of the run (1 unless :func:`initialize` joined several)."""
+    return jax.process_count()
 
 
 def _check_arguments(address: Any, n: Any, rank: Any, collectives: Any) -> None:
