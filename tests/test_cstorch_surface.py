@@ -356,3 +356,19 @@ def test_load_gives_torch_tensors_under_the_cstorch_alias(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_debug_args_flag_records_merges_and_is_reported_only_once_set():
+    from cerebrax.backend import DebugArgs, flags_report
+
+    args = cstorch.backends.csx.debug.debug_args
+    assert args == DebugArgs() and flags_report() == []
+    args.MergeFrom(DebugArgs({"ini": {"bools": {"x": True}}}))
+    args.MergeFrom(DebugArgs({"ini": {"ints": {"n": 2}}, "labels": ["a"]}))
+    assert cstorch.backends.csx.debug.debug_args.to_dict() == {
+        "ini": {"bools": {"x": True}, "ints": {"n": 2}}, "labels": ["a"]}
+    assert [line.split(":")[0] for line in flags_report()] == ["csx.debug.debug_args"]
+    with pytest.raises(TypeError, match="DebugArgs"):
+        args.MergeFrom({"ini": {}})
+    cstorch.reset()
+    assert cstorch.backends.csx.debug.debug_args == DebugArgs()

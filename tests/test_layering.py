@@ -46,7 +46,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("cerebrax._cli", "cerebrax._cstorch_alias"),
     ("cerebrax.cli",),
     ("cerebrax", "cerebrax.__main__", "cerebrax.ckpt.__main__",
-     "cerebrax._alias.cerebras.pytorch"),
+     "cerebrax._alias.cerebras.pytorch", "cerebrax._alias.cerebras.appliance",
+     "cerebrax._alias.cerebras.appliance.cluster", "cerebrax._alias.cerebras.appliance.storage",
+     "cerebrax._alias.cerebras.appliance.utils"),
 ]
 
 

@@ -15,6 +15,7 @@ from ._types import BackendType as BackendType
 from ._types import current_backend_impl as current_backend_impl
 from ._types import get_backend_args as get_backend_args
 from . import ltc_backend as ltc_backend
+from ._debug_args import DebugArgs as DebugArgs
 from ._device import BackendDevice as BackendDevice
 from ._device import hand_over as hand_over
 from ._device import is_handed_over as is_handed_over

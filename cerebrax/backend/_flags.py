@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._runtime import RUNTIME
+from ._debug_args import DebugArgs
 from ..errors import ConfigError
 
 __all__ = ["Backends", "FlagGroup", "apply_flags", "backends", "flags_report"]
@@ -69,6 +70,7 @@ class _Flag:
     default: Any
     check: Callable[[Any], bool]
     expects: str
+    factory: Callable[[], Any] | None = None  # makes the default (a mutable one), kept
 
 
 _MEMORY = _Flag(None, _opt_int, "an int number of GiB >= 0, or None")
@@ -78,7 +80,9 @@ _FLAGS: dict[str, dict[str, _Flag]] = {
         "lazy_initialization": _Flag(True, _bool, "a bool"),
         "log_initialization": _Flag(False, _bool, "a bool"),
         "drop_data": _Flag(False, _bool, "a bool"),
-        "debug_args": _Flag(None, _any, "Cerebras debug args"),
+        # read before any assignment: a fresh DebugArgs, kept, so that MergeFrom on it
+        # (Model Zoo's debug_args_path) is recorded
+        "debug_args": _Flag(None, _any, "Cerebras debug args", DebugArgs),
         "ini": _Flag(None, _any, "Cerebras INI settings"),
         "fabric_type_blacklist": _Flag(None, _str_list, "a list of strings, or None"),
         "compile_crd_memory_gi": _MEMORY,
@@ -119,8 +123,10 @@ class FlagGroup:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name not in _FLAGS[self._group]:
             raise AttributeError(self._unknown(name))
-        return RUNTIME.csx_flags.get(f"{self._group}.{name}",
-                                     _FLAGS[self._group][name].default)
+        key, flag = f"{self._group}.{name}", _FLAGS[self._group][name]
+        if key not in RUNTIME.csx_flags and flag.factory is not None:
+            RUNTIME.csx_flags[key] = flag.factory()
+        return RUNTIME.csx_flags.get(key, flag.default)
 
     def __setattr__(self, name: str, value: Any) -> None:
         flag = _FLAGS[self._group].get(name)
@@ -207,11 +213,18 @@ def _status(key: str, value: Any, backend: Any) -> str:
     return "applied: ClusterConfig.micro_batch_size"
 
 
+def _untouched(key: str, value: Any) -> bool:
+    """Whether ``value`` is a flag's made default, still as made (never reported)."""
+    group, name = key.split(".", 1)
+    factory = _FLAGS[group][name].factory
+    return factory is not None and value == factory()
+
+
 def flags_report(backend: Any = None) -> list[str]:
     """One line per flag set (and per appliance field of the ClusterConfig set): its
     value and whether cerebrax applies it."""
     lines = [f"csx.{key}: {value!r} ({_status(key, value, backend)})"
-             for key, value in sorted(RUNTIME.csx_flags.items())]
+             for key, value in sorted(RUNTIME.csx_flags.items()) if not _untouched(key, value)]
     cluster = getattr(backend, "_cluster_config", None)
     if cluster is not None:
         lines += [f"cluster_config.{name}: {value!r} (recorded, not applied: appliance "

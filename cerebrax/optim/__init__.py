@@ -2,6 +2,8 @@
 
 from ..schedules import configure_lr_scheduler as configure_lr_scheduler
 from . import lr_scheduler as lr_scheduler
+from . import optimizer as optimizer
+from . import scheduler as scheduler
 from . import transforms as transforms
 from . import weight_decay_scheduler as weight_decay_scheduler
 from ._adadelta import Adadelta as Adadelta
