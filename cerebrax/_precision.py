@@ -141,9 +141,21 @@ def _dtype_name(dtype: Any) -> str:
         return text
 
 
+def _as_cstorch_dtype(dtype: Any) -> Any:
+    """``dtype`` as cstorch code expects it: a torch dtype under the cstorch alias
+    (``cerebrax run``), where it goes to ``tensor.to(...)`` or ``torch.as_tensor``;
+    the JAX dtype otherwise."""
+    if not RUNTIME.cstorch_alias or type(dtype).__module__ == "torch":
+        return dtype
+    import torch
+
+    return getattr(torch, jnp.dtype(dtype).name)
+
+
 def get_half_dtype() -> Any:
-    """The chosen half dtype (float16 when none was chosen; float16 for cbfloat16)."""
-    return jnp.dtype(_HALF_DTYPES[get_half_dtype_str()])
+    """The chosen half dtype (float16 when none was chosen; float16 for cbfloat16): a JAX
+    dtype, or under the cstorch alias (``cerebrax run``) a torch dtype, as cstorch's."""
+    return _as_cstorch_dtype(jnp.dtype(_HALF_DTYPES[get_half_dtype_str()]))
 
 
 def get_half_dtype_str() -> str:
@@ -152,8 +164,12 @@ def get_half_dtype_str() -> str:
 
 def get_floating_point_dtype(default: Any = jnp.float32) -> Any:
     """The dtype models compute in on the current backend: the half dtype (its proxy for
-    cbfloat16) when mixed precision is on, else ``default``."""
-    return get_half_dtype() if mixed_precision() else jnp.dtype(default)
+    cbfloat16) when mixed precision is on, else ``default``; a torch dtype under the
+    cstorch alias (see :func:`get_half_dtype`)."""
+    if mixed_precision():
+        return get_half_dtype()
+    return _as_cstorch_dtype(default if type(default).__module__ == "torch"
+                             else jnp.dtype(default))
 
 
 def get_floating_point_dtype_str(default: str = "float32") -> str:

@@ -114,11 +114,27 @@ The ``trainer:`` layout holds the same job::
         ckpt_path: ...                                 # optional: resume from it
       validate: {val_dataloader: ..., ckpt_path: ...}  # optional, for `cerebrax eval`
 
+A Model Zoo ``params.yaml`` runs unchanged: ``model.name`` (``fc_mnist``) and
+``*_input.data_processor`` (``MNISTDataProcessor``; in the trainer: layout
+``trainer.init.model.name`` and the dataloaders' ``data_processor``) resolve through
+Cerebras Model Zoo's own registry when ``cerebras.modelzoo`` is importable (installed, or on
+``runconfig.python_paths``). The other keys of those sections go to the registered
+classes' Model Zoo config classes (``MNISTModelConfig``), which refuse keys they do not
+take, as in Model Zoo; the command reads only ``model.mixed_precision`` and
+``model.fp16_type`` itself. The model's ``forward(batch)`` takes the whole batch and
+returns its loss (no ``loss:``); ``eval`` and validation report the cstorch metrics the
+model updates in its forward (``model.compute_eval_metrics: true``), so ``metrics:`` is
+refused. The data processor's ``create_dataloader()`` is the DataLoader's input. The
+cstorch alias (``import cerebras.pytorch`` giving cerebrax), which Model Zoo's imports
+need, is enabled on this path only. Without Model Zoo the error names what to install.
+
 Every key is honoured or refused: an unknown key, or a Model Zoo key cerebrax cannot
-honour (``model.name`` and ``data_processor``: there is no registry; ``grad_accum_steps``, ``callbacks``, ...),
-is an error naming its key path. ``seed`` seeds Python's, numpy's and torch's
-generators and is passed as ``seed`` to a model factory or input function that takes
-one and whose section does not set it (JAX has no global generator).
+honour (``grad_accum_steps``, ``callbacks``, the model keys Model Zoo turns into
+callbacks: ``compression``, ``lora_params``, ``selective_grad``, and the inputs'
+``micro_batch_size``, ...), is an error naming its key path. ``seed`` seeds Python's,
+numpy's and torch's generators (before a Model Zoo model is built too) and is passed
+as ``seed`` to a model factory or input function that takes one and whose section does
+not set it (JAX has no global generator).
 
 Errors: a usage or config error, a missing, damaged or mismatched checkpoint, an
 unwritable ``model_dir`` or a full disk prints one message on stderr (what failed, where,
@@ -231,15 +247,16 @@ def _message(error: BaseException) -> str:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from ._cli import _build, _commands, _config, _runs
+    from ._cli import _build, _commands, _config, _modelzoo, _runs
 
     raw = _config.load_config(args.config, args.overrides)
     if args.model_dir:
         _config.set_value(raw, "runconfig.model_dir", args.model_dir)
+    _build.add_python_paths(_config.python_paths(raw), args.config)
     job = _config.parse(raw)
     mode = getattr(args, "mode", "train")
     _config.require(job, args.command, step=mode)
-    _build.add_python_paths(job, args.config)
+    job = _modelzoo.prepare(job)  # model.name, data_processor: Model Zoo's config classes
     checkpoint = getattr(args, "checkpoint", None) or job.run.checkpoint_path
     if args.command == "fit":
         _commands.make_model_dir(job.run.model_dir)  # before compile_dir, often inside it

@@ -372,3 +372,39 @@ def test_debug_args_flag_records_merges_and_is_reported_only_once_set():
         args.MergeFrom({"ini": {}})
     cstorch.reset()
     assert cstorch.backends.csx.debug.debug_args == DebugArgs()
+
+
+def test_dtypes_are_torch_dtypes_under_the_cstorch_alias():
+    script = textwrap.dedent("""
+        import cerebrax, jax.numpy as jnp, torch
+        assert cerebrax.amp.get_half_dtype() == jnp.float16      # JAX dtypes without the alias
+        assert cerebrax.amp.get_floating_point_dtype() == jnp.float32
+        cerebrax.enable_cstorch_alias()
+        import cerebras.pytorch as cstorch
+        assert cstorch.amp.get_half_dtype() is torch.float16
+        assert cstorch.amp.get_floating_point_dtype() is torch.float32
+        assert cstorch.amp.get_floating_point_dtype(torch.float64) is torch.float64
+        cstorch.amp.set_half_dtype("bfloat16")
+        cstorch.backend("CSX")
+        assert cstorch.amp.get_floating_point_dtype() is torch.bfloat16
+        x = torch.as_tensor([1.0], dtype=cstorch.amp.get_floating_point_dtype())
+        assert x.dtype is torch.bfloat16
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_streaming_batch_size_for_a_given_rank():
+    from cerebrax.data._streamers import StreamerInfo, bind
+
+    dist = cstorch.distributed
+    assert dist.get_streaming_batch_size(10, global_rank=0) == 10
+    with bind(StreamerInfo(num_csx=3, workers_per_csx=2, rank=0, streamer=False, workers=True)):
+        assert dist.get_streaming_batch_size(10) == 10  # the user node
+        # ranks 0-1 feed system 0 (4 samples), 2-3 system 1 (3), 4-5 system 2 (3)
+        assert [dist.get_streaming_batch_size(10, global_rank=r) for r in range(6)] == [
+            4, 4, 3, 3, 3, 3]
+        with pytest.raises(ConfigError, match=r"\[0, 6\)"):
+            dist.get_streaming_batch_size(10, global_rank=6)

@@ -23,21 +23,21 @@ from .._interop import as_jax
 from ..data import DataLoader, compute_num_steps
 from ..data._progress import write
 from ..errors import ConfigError
+from . import _modelzoo
 from ._config import METRICS, InputSpec, JobConfig
 
 __all__ = ["CacheCounter", "build_backend", "build_model", "resolve", "setup_compile_cache"]
 
 
 # ---- imports ---------------------------------------------------------------------------
-def add_python_paths(job: JobConfig, config_path: str) -> None:
-    """Makes the working directory and ``runconfig.python_paths`` importable.
+def add_python_paths(python_paths: list[str], config_path: str) -> None:
+    """Makes the working directory and ``python_paths`` (the config's
+    ``runconfig.python_paths``, see :func:`._config.python_paths`) importable.
 
     Relative ``python_paths`` are taken relative to the directory of the config file.
     """
     base = os.path.dirname(os.path.abspath(config_path))
-    paths = [os.getcwd()] + [
-        os.path.normpath(os.path.join(base, p)) for p in job.run.cluster.get("python_paths") or ()
-    ]
+    paths = [os.getcwd()] + [os.path.normpath(os.path.join(base, p)) for p in python_paths]
     for path in reversed(paths):
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -203,8 +203,14 @@ def build_backend(job: JobConfig, *, compile_only: bool = False, validate_only: 
 
 
 def build_model(job: JobConfig, run_backend: Any):
-    """``(compiled model, loss function)`` from the ``model`` section."""
+    """``(compiled model, loss function)`` from the ``model`` section.
+
+    A Model Zoo model (``model.name``) returns its loss: its loss function is None.
+    """
     where = job.model_where
+    if job.model_name is not None:
+        seed_generators(job.run.seed)
+        return compile_model(_modelzoo.build_model(job), run_backend), None
     factory = resolve(job.model_factory, f"{where}.factory")
     seed_generators(job.run.seed)
     model = call(factory, _with_seed(factory, job.model_kwargs, job.run.seed), where)
@@ -246,8 +252,11 @@ def build_optimizer(job: JobConfig, compiled: Any):
     return optimizer, scheduler, scaler
 
 
-def build_metrics(job: JobConfig) -> list[tuple[Any, str]]:
-    """``[(metric, what it reads)]`` for the ``metrics`` section."""
+def build_metrics(job: JobConfig, model: Any = None) -> list[tuple[Any, str | None]]:
+    """``[(metric, what it reads)]`` for the ``metrics`` section; for a Model Zoo model,
+    the metrics the compiled ``model`` updates itself, each reading None."""
+    if job.model_name is not None:
+        return [(metric, None) for metric in _modelzoo.model_metrics(model.model)]
     built = []
     for spec in job.metrics:
         class_name, reads = METRICS[spec.kind]
@@ -263,10 +272,14 @@ def build_loader(
     """A DataLoader over ``spec.input_fn``; ``skip`` drops the first batches (resume).
 
     ``seed`` (the run's) is passed to an ``input_fn`` that takes one its section left unset.
+    A Model Zoo data processor's dataloader is the input of a ``data_processor``.
     """
-    input_fn = resolve(spec.input_fn, f"{spec.where}.input_fn")
-    kwargs = _with_seed(input_fn, spec.kwargs, seed)
-    check_arguments(input_fn, kwargs, spec.where)
+    if spec.data_processor is not None:
+        input_fn, kwargs = _modelzoo.input_fn(spec)
+    else:
+        input_fn = resolve(spec.input_fn, f"{spec.where}.input_fn")
+        kwargs = _with_seed(input_fn, spec.kwargs, seed)
+        check_arguments(input_fn, kwargs, spec.where)
     if skip:
         input_fn = _Skipping(input_fn, skip)
     return DataLoader(input_fn, num_steps=num_steps, **kwargs)

@@ -52,13 +52,23 @@ def _fmt(value: Any) -> str:
 
 
 # ---- steps -------------------------------------------------------------------------------
+# A model with a loss function takes a batch's (inputs, targets); a Model Zoo model
+# (loss function None) takes the whole batch and returns its loss.
+def _args(job: JobConfig, batch: Any) -> tuple:
+    """The step's arguments for one batch."""
+    return (batch,) if job.model_name is not None else tuple(batch)
+
+
+def _check_batch(job: JobConfig, batch: Any, spec: InputSpec) -> None:
+    if job.model_name is None:  # a Model Zoo model takes any batch its data gives
+        _build.check_batch(batch, spec)
+
+
 def _training_step(job: JobConfig, model: Any, loss_fn: Any, pieces: tuple):
     """The step returns ``(loss, learning rate)``, and the loss scale when scaling is on."""
     optimizer, scheduler, scaler = pieces
 
-    @trace
-    def training_step(inputs, targets):
-        loss = loss_fn(model(inputs), targets)
+    def update(loss):
         optimizer_step(
             loss,
             optimizer,
@@ -73,13 +83,35 @@ def _training_step(job: JobConfig, model: Any, loss_fn: Any, pieces: tuple):
             return loss, lr
         return loss, lr, scaler.get_scale()
 
+    if loss_fn is None:
+
+        @trace
+        def training_step(batch):
+            return update(model(batch))
+
+        return training_step
+
+    @trace
+    def training_step(inputs, targets):
+        return update(loss_fn(model(inputs), targets))
+
     return training_step
 
 
 def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any, *,
                      returns: bool = True):
     """With ``returns`` the step returns the running mean loss, so the progress bar shows
-    what the final ``eval loss`` line prints (not the last batch's loss)."""
+    what the final ``eval loss`` line prints (not the last batch's loss). A Model Zoo
+    model (``loss_fn`` None) updates its own metrics in its forward."""
+
+    if loss_fn is None:
+
+        @trace
+        def evaluation_step(batch):
+            mean_loss.update(model(batch))
+            return mean_loss.compute() if returns else None
+
+        return evaluation_step
 
     @trace
     def evaluation_step(inputs, targets):
@@ -97,6 +129,20 @@ def _evaluation_step(model: Any, loss_fn: Any, metrics: list, mean_loss: Any, *,
     return evaluation_step
 
 
+def _metric_values(metrics: list) -> dict[str, float]:
+    """The metrics' values (host sync points: each waits for the last step). A model's
+    own metric that its forward did not update is left out, with a note (as Model Zoo's
+    ModelEvalMetrics callback does)."""
+    values = {}
+    for metric, reads in metrics:
+        if reads is None and metric.num_updates == 0:
+            write(f"[cerebrax] the model's metric {metric.name!r} was not updated by the "
+                  "evaluation steps: not reported")
+            continue
+        values[metric.name] = float(metric)
+    return values
+
+
 class _Validation:
     """Validation during ``fit``: ``eval_steps`` batches of the eval data through one
     compiled evaluation step, every ``eval_frequency`` steps and after the last step.
@@ -106,8 +152,8 @@ class _Validation:
     """
 
     def __init__(self, job: JobConfig, model: Any, loss_fn: Any, writer: Any):
-        self.model, self.writer, self.spec = model, writer, job.eval_input
-        self.metrics = _build.build_metrics(job)
+        self.job, self.model, self.writer, self.spec = job, model, writer, job.eval_input
+        self.metrics = _build.build_metrics(job, model)
         self.mean_loss = cs_metrics.MeanMetric("loss")
         self.step_fn = _evaluation_step(model, loss_fn, self.metrics, self.mean_loss,
                                         returns=False)
@@ -127,13 +173,13 @@ class _Validation:
             for i in range(self.num_steps):
                 batch = next(batches)
                 if not i:
-                    _build.check_batch(batch, self.spec)
-                self.step_fn(*batch)
+                    _check_batch(self.job, batch, self.spec)
+                self.step_fn(*_args(self.job, batch))
         finally:
             batches.close()
             self.model.train()
         values = {"loss": float(self.mean_loss)}  # host sync: waits for the last batch
-        values.update((metric.name, float(metric)) for metric, _ in self.metrics)
+        values.update(_metric_values(self.metrics))
         write(f"step {step:6d}  eval " + "  ".join(f"{k} {v:.6f}" for k, v in values.items())
               + f"  ({self.num_steps} steps)")
         for name, value in values.items():
@@ -361,9 +407,9 @@ def run_fit(
             for batch in batches:
                 step = start + executor.user_iteration
                 if executor.is_initial_step:
-                    _build.check_batch(batch, job.train_input)
+                    _check_batch(job, batch, job.train_input)
                     timer = _FirstStep(counter)
-                outputs = step_fn(*batch)
+                outputs = step_fn(*_args(job, batch))
                 if executor.is_initial_step:
                     timer.report(outputs[0])
                 log_step(outputs, step)
@@ -428,7 +474,7 @@ def run_eval(job: JobConfig, checkpoint: str | None, *, config: dict) -> None:
     _runs.check_record(os.path.dirname(path) or ".", config, command="eval")
     backend = _build.build_backend(job)
     model, loss_fn = _build.build_model(job, backend)
-    metrics = _build.build_metrics(job)
+    metrics = _build.build_metrics(job, model)
     mean_loss = cs_metrics.MeanMetric("loss")
     state = _load_model(model, path)
     step = state.get("global_step")
@@ -445,13 +491,13 @@ def run_eval(job: JobConfig, checkpoint: str | None, *, config: dict) -> None:
     with contextlib.closing(iter(DataExecutor(loader, progress_bar="auto"))) as batches:
         for batch in batches:
             if not steps:
-                _build.check_batch(batch, job.eval_input)
-            step_fn(*batch)
+                _check_batch(job, batch, job.eval_input)
+            step_fn(*_args(job, batch))
             steps += 1
     # Host sync points: each float() waits for the last evaluation step.
     write(f"eval loss {float(mean_loss):.6f}  ({steps} steps)")
-    for metric, _ in metrics:
-        write(f"eval {metric.name} {float(metric):.6f}")
+    for name, value in _metric_values(metrics).items():
+        write(f"eval {name} {value:.6f}")
 
 
 # ---- validate / compile --------------------------------------------------------------------
@@ -472,22 +518,22 @@ def run_compile(job: JobConfig, *, mode: str, validate_only: bool) -> None:
         spec: InputSpec = job.train_input
         model.train()
     else:
-        metrics = _build.build_metrics(job)
+        metrics = _build.build_metrics(job, model)
         step_fn = _evaluation_step(model, loss_fn, metrics, cs_metrics.MeanMetric("loss"))
         spec = job.eval_input
         model.eval()
     loader = _build.build_loader(spec, num_steps=1, seed=run.seed)
     name = step_fn.__name__
     for batch in DataExecutor(loader, num_steps=1, progress_bar=False):
-        _build.check_batch(batch, spec)
+        _check_batch(job, batch, spec)
         if csx:
-            step_fn(*batch)
+            step_fn(*_args(job, batch))
         elif validate_only:
-            step_fn.lower(*batch)
+            step_fn.lower(*_args(job, batch))
             write(f"[cerebrax] validated `{name}`: traced and lowered, nothing compiled or run.")
         else:
             started = time.perf_counter()
-            lowered = step_fn.lower(*batch)
+            lowered = step_fn.lower(*_args(job, batch))
             compiled = lowered.compile()
             write_artifacts(
                 run.compile_dir, name, lowered, compiled, time.perf_counter() - started

@@ -5,6 +5,12 @@ A config is a Model-Zoo-style mapping in one of two layouts (see :mod:`cerebrax.
 :class:`JobConfig`. Every problem raises :class:`ConfigError` naming the key path
 (``runconfig.num_steps``, ``trainer.init.optimizer``), so the command can print one
 message and exit with status 2.
+
+A section that names a Model Zoo model (``model.name``) or data processor
+(``*_input.data_processor``) keeps here only the keys the command reads itself; the
+others are set aside for Model Zoo's config classes, which :mod:`._modelzoo` validates
+them with (:func:`cerebrax.cli._run` calls :func:`._modelzoo.prepare` after
+:func:`parse`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import yaml
 
 from ..backend import ClusterConfig
 from ..errors import ConfigError
-from . import _schema
+from . import _modelzoo, _schema
 from ._schema import METRICS
 
 __all__ = [
@@ -31,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "load_config",
     "parse",
+    "python_paths",
     "require",
     "set_value",
 ]
@@ -38,15 +45,19 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    """One input section: ``input_fn`` (an import path) called with ``kwargs``.
+    """One input section: ``input_fn`` (an import path) called with ``kwargs``, or a
+    Model Zoo ``data_processor`` whose config class takes ``kwargs``.
 
     ``where`` is the section's key path (``train_input``, ``trainer.fit.train_dataloader``).
+    ``zoo_config`` is the data processor's validated config (:func:`._modelzoo.prepare`).
     """
 
-    input_fn: str
+    input_fn: str | None
     kwargs: dict[str, Any]
     num_steps: int | None
     where: str
+    data_processor: str | None = None
+    zoo_config: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +98,16 @@ class RunSpec:
 
 @dataclasses.dataclass(frozen=True)
 class JobConfig:
-    """A validated config. Only shapes and types are checked here; objects are built later."""
+    """A validated config. Only shapes and types are checked here; objects are built later.
 
-    model_factory: str
+    The model is ``model_factory(**model_kwargs)`` with the loss function ``loss``, or the
+    Model Zoo model ``model_name`` whose config class takes ``model_kwargs`` (validated
+    into ``zoo_model`` by :func:`._modelzoo.prepare`); such a model returns its loss.
+    """
+
+    model_factory: str | None
     model_kwargs: dict[str, Any]
-    loss: str
+    loss: str | None
     train_input: InputSpec | None
     eval_input: InputSpec | None
     optimizer: dict[str, Any] | None
@@ -104,6 +120,8 @@ class JobConfig:
     model_where: str = "model"
     optimizer_where: str = "optimizer"
     loss_scaling_where: str = "loss_scaling"
+    model_name: str | None = None
+    zoo_model: Any = None
 
 
 # ---- reading ---------------------------------------------------------------------------
@@ -166,32 +184,134 @@ def set_value(config: dict[str, Any], key: str, value: Any, item: str | None = N
     node[parts[-1]] = value
 
 
+def python_paths(raw: dict[str, Any]) -> list[str]:
+    """The config's ``python_paths`` (``runconfig.python_paths``, or
+    ``trainer.init.backend.cluster_config.python_paths``), read before it is validated:
+    they may hold the modules it names (Model Zoo among them). Not a list of strings: []
+    (the validation reports it)."""
+    where = ("trainer.init.backend.cluster_config" if "trainer" in raw else "runconfig")
+    paths = (_section(raw, where) or {}).get("python_paths")
+    if isinstance(paths, list) and all(isinstance(p, str) for p in paths):
+        return paths
+    return []
+
+
 # ---- the two layouts ------------------------------------------------------------------
+# The sections that may name a Model Zoo model (name) or data processor (data_processor).
+ZOO_SECTIONS = {
+    "v1": (("model", "name"), ("train_input", "data_processor"),
+           ("eval_input", "data_processor")),
+    "v2": (("trainer.init.model", "name"), ("trainer.fit.train_dataloader", "data_processor"),
+           ("trainer.fit.val_dataloader", "data_processor"),
+           ("trainer.validate.val_dataloader", "data_processor")),
+}
+# The keys of those sections that the command reads itself; the other keys are Model
+# Zoo's config class's. Model Zoo's own conversion of a v1 config takes the same keys out
+# of the model section (TRAINER_POST_CONVERSION_PRUNE_LIST in cerebras/modelzoo/trainer/utils.py).
+ZOO_OWN_KEYS = {"name": ("name", "factory"), "data_processor": ("data_processor", "input_fn")}
+ZOO_V1_MODEL_KEYS = ("mixed_precision", "fp16_type")
+# Keys that Model Zoo applies with Trainer callbacks, not with the config class.
+ZOO_CALLBACK_KEYS = {
+    "name": {"compression": "WeightCompression", "lora_params": "Lora",
+             "selective_grad": "SelectiveGrad"},
+    "data_processor": {"micro_batch_size": "ScopedTrainFlags / ScopedValidateFlags"},
+}
+MSG_ZOO_CALLBACK = (
+    "{key}: Model Zoo applies this key with its {callback} callback, not with the "
+    "{what}'s config, and the cerebrax command builds no callbacks; remove the key{more}"
+)
+
+
 def parse(raw: dict[str, Any]) -> JobConfig:
     """Validates a config mapping of either layout (see :mod:`cerebrax.cli`)."""
+    raw, zoo = _take_zoo_keys(raw)
     if "trainer" in raw:
-        return _trainer_layout(_schema.check(_schema.ConfigV2, raw).trainer)
+        return _trainer_layout(_schema.check(_schema.ConfigV2, raw).trainer, zoo)
     if "model" not in raw:
         raise ConfigError(
-            "model is required: model: {factory: 'package.module:function'} (or give the "
-            "trainer: layout, with trainer.init.model)"
+            "model is required: model: {factory: 'package.module:function'}, or "
+            "model: {name: <a Model Zoo model>} (or give the trainer: layout, with "
+            "trainer.init.model)"
         )
-    return _sectioned_layout(_schema.check(_schema.ConfigV1, raw))
+    return _sectioned_layout(_schema.check(_schema.ConfigV1, raw), zoo)
 
 
-def _sectioned_layout(cfg: _schema.ConfigV1) -> JobConfig:
+def _take_zoo_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict]]:
+    """``raw`` without the keys of Model Zoo's config classes, and those keys by section.
+
+    A section that names a Model Zoo model (``name``) or data processor
+    (``data_processor``) keeps only the keys the command reads (``ZOO_OWN_KEYS``; in
+    the sectioned layout also ``model.mixed_precision`` and ``model.fp16_type``).
+    Raises when Model Zoo is not installed, or for a key Model Zoo gives a callback.
+    """
+    layout = "v2" if "trainer" in raw else "v1"
+    raw, taken = copy.deepcopy(raw), {}
+    for where, marker in ZOO_SECTIONS[layout]:
+        section = _section(raw, where)
+        if section is None or section.get(marker) is None:
+            continue
+        _modelzoo.require_installed(f"{where}.{marker}", where)
+        for key, callback in ZOO_CALLBACK_KEYS[marker].items():
+            if key in section:
+                raise ConfigError(MSG_ZOO_CALLBACK.format(
+                    key=f"{where}.{key}", callback=callback,
+                    what="model" if marker == "name" else "data processor",
+                    more=" (cerebrax's pipeline micro-batches are "
+                    "runconfig.micro_batch_size)" if key == "micro_batch_size" else ""))
+        own = ZOO_OWN_KEYS[marker] + (ZOO_V1_MODEL_KEYS if (layout, marker) == ("v1", "name")
+                                      else ())
+        taken[where] = {k: section.pop(k) for k in list(section) if k not in own}
+    return raw, taken
+
+
+def _section(raw: dict[str, Any], where: str) -> dict[str, Any] | None:
+    node: Any = raw
+    for part in where.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def _model(section: Any, where: str, zoo: dict[str, dict]) -> dict[str, Any]:
+    """The JobConfig fields of a model section: a factory's, or a Model Zoo model's."""
+    if section.name is not None:
+        return {"model_factory": None, "model_kwargs": zoo[where], "loss": None,
+                "model_name": section.name, "model_where": where}
+    return {"model_factory": section.factory, "model_kwargs": section.kwargs,
+            "loss": section.loss or "cross_entropy", "model_where": where}
+
+
+def _check_zoo(job: JobConfig, metrics_where: str) -> JobConfig:
+    """Refuses what a Model Zoo model or data processor cannot go with."""
+    for spec in (job.train_input, job.eval_input):
+        if spec is not None and spec.data_processor is not None and job.model_name is None:
+            raise ConfigError(
+                f"{spec.where}.data_processor: Model Zoo lists the data processors of each "
+                f"of its models, and {job.model_where} names no Model Zoo model (it has "
+                f"factory:). Name the function that builds the batches in "
+                f"{spec.where}.input_fn, or build a Model Zoo model with "
+                f"{job.model_where}.name."
+            )
+    if job.model_name is not None and job.metrics:
+        raise ConfigError(
+            f"{metrics_where}: a Model Zoo model computes its loss and updates its own "
+            "metrics in its forward (fc_mnist: model.compute_eval_metrics: true), and the "
+            "command prints those; it has no outputs to feed these. Remove the key."
+        )
+    return job
+
+
+def _sectioned_layout(cfg: _schema.ConfigV1, zoo: dict[str, dict]) -> JobConfig:
     run, opt, model = cfg.runconfig, cfg.optimizer, cfg.model
     clip = opt or _schema.Clipping()
     half = model.fp16_type if model.mixed_precision is not False else "float32"
     if model.mixed_precision is False and model.fp16_type is not None:
         raise ConfigError("model.mixed_precision: false computes in float32; remove "
                           "model.fp16_type or set mixed_precision: true")
-    return JobConfig(
-        model_factory=model.factory,
-        model_kwargs=model.kwargs,
-        loss=model.loss,
-        train_input=_input(cfg.train_input, "train_input"),
-        eval_input=_input(cfg.eval_input, "eval_input", ("runconfig.eval_steps", run.eval_steps)),
+    job = JobConfig(
+        **_model(model, "model", zoo),
+        train_input=_input(cfg.train_input, "train_input", zoo),
+        eval_input=_input(cfg.eval_input, "eval_input", zoo,
+                          ("runconfig.eval_steps", run.eval_steps)),
         optimizer=_optimizer_v1(opt) if opt else None,
         loss_scaling=_one(
             ("loss_scaling", cfg.loss_scaling and cfg.loss_scaling.model_dump(exclude_unset=True)),
@@ -218,9 +338,10 @@ def _sectioned_layout(cfg: _schema.ConfigV1) -> JobConfig:
             cluster={k: getattr(run, k) for k in _schema.CLUSTER_KEYS if k in run.model_fields_set},
         ),
     )
+    return _check_zoo(job, "metrics")
 
 
-def _trainer_layout(trainer: _schema.TrainerV2) -> JobConfig:
+def _trainer_layout(trainer: _schema.TrainerV2, zoo: dict[str, dict]) -> JobConfig:
     init, fit, check = trainer.init, trainer.fit, trainer.validate_
     prec, loop, backend = init.precision, init.loop, init.backend or _schema.BackendV2()
     where = "trainer.init"
@@ -232,14 +353,16 @@ def _trainer_layout(trainer: _schema.TrainerV2) -> JobConfig:
         ((name, options),) = init.optimizer.items()
         optimizer = _optimizer(name, dict(options), init.schedulers, f"{where}.optimizer.{name}")
     val = ("trainer.validate.val_dataloader", check and check.val_dataloader)
-    return JobConfig(
-        model_factory=init.model.factory,
-        model_kwargs=init.model.kwargs,
-        loss=init.model.loss,
-        train_input=_input(fit and fit.train_dataloader, "trainer.fit.train_dataloader"),
+    job = JobConfig(
+        **_model(init.model, f"{where}.model", zoo),
+        train_input=_input(fit and fit.train_dataloader, "trainer.fit.train_dataloader", zoo),
         eval_input=_input(
-            _one(("trainer.fit.val_dataloader", fit and fit.val_dataloader), val),
+            _one(("trainer.fit.val_dataloader", _zoo_view(fit and fit.val_dataloader,
+                                                          "trainer.fit.val_dataloader", zoo)),
+                 ("trainer.validate.val_dataloader",
+                  _zoo_view(val[1], "trainer.validate.val_dataloader", zoo))),
             "trainer.validate.val_dataloader" if val[1] else "trainer.fit.val_dataloader",
+            zoo,
             (f"{where}.loop.eval_steps", loop.eval_steps),
         ),
         optimizer=optimizer,
@@ -271,10 +394,10 @@ def _trainer_layout(trainer: _schema.TrainerV2) -> JobConfig:
             cluster=dict(backend.cluster_config or {}),
             cluster_where=f"{where}.backend.cluster_config",
         ),
-        model_where=f"{where}.model",
         optimizer_where=f"{where}.optimizer",
         loss_scaling_where=f"{where}.precision",
     )
+    return _check_zoo(job, f"{where}.metrics")
 
 
 # ---- pieces of both ----------------------------------------------------------------------
@@ -287,11 +410,33 @@ def _one(*given: tuple[str, Any]) -> Any:
     return found[0][1] if found else None
 
 
-def _input(section: Any, where: str, steps: tuple[str, Any] = ("", None)) -> InputSpec | None:
+def _input(section: Any, where: str, zoo: dict[str, dict],
+           steps: tuple[str, Any] = ("", None)) -> InputSpec | None:
+    if isinstance(section, _ZooView):
+        section = section.section
     if section is None:
         return None
     num_steps = _one((f"{where}.num_steps", section.num_steps), steps)
+    if section.data_processor is not None:
+        return InputSpec(None, zoo[where], num_steps, where, section.data_processor)
     return InputSpec(section.input_fn, section.kwargs, num_steps, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ZooView:
+    """An input section with its Model Zoo keys, compared as a whole by :func:`_one`."""
+
+    section: Any
+    zoo: dict[str, Any] | None
+
+    def __repr__(self) -> str:  # the section's keys, as the config gives them
+        if self.zoo is None:
+            return repr(self.section)
+        return repr({**self.section.model_dump(exclude_unset=True), **self.zoo})
+
+
+def _zoo_view(section: Any, where: str, zoo: dict[str, dict]) -> _ZooView | None:
+    return None if section is None else _ZooView(section, zoo.get(where))
 
 
 def _optimizer_v1(section: _schema.OptimizerV1) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from .._filters import is_strict_int
 from ..backend import ClusterConfig
 from ..errors import ConfigError
 
-__all__ = ["METRICS", "ConfigV1", "ConfigV2", "check", "optimizer_options"]
+__all__ = ["METRICS", "ConfigV1", "ConfigV2", "check", "errors_message", "optimizer_options"]
 
 Model = TypeVar("Model", bound=BaseModel)
 BACKENDS = ("CPU", "GPU", "CSX")
@@ -46,13 +46,19 @@ METRICS = {
 # Optimizer hyperparameters that are never negative.
 NON_NEGATIVE = {"lr", "momentum", "dampening", "weight_decay", "eps", "lambd", "alpha",
                 "rho", "lr_decay", "initial_accumulator_value", "momentum_decay"}
-MISSING_HINTS = {
-    "factory": "the import path of the function that builds the model, e.g. "
-    "examples.digits:mlp",
-    "input_fn": "the import path of the function that builds the batches, e.g. "
-    "examples.digits:input_fn",
-    "optimizer_type": "the optimizer's name, e.g. SGD or AdamW",
-}
+MISSING_HINTS = {"optimizer_type": "the optimizer's name, e.g. SGD or AdamW"}
+MSG_NO_MODEL = (
+    "give factory: the import path of the function that builds the model, e.g. "
+    "examples.digits:mlp (the other keys are its arguments), or name: a model of "
+    "Cerebras Model Zoo's registry, e.g. fc_mnist (the other keys are its config's)"
+)
+MSG_NO_INPUT = (
+    "give input_fn: the import path of the function that builds the batches, e.g. "
+    "examples.digits:input_fn (the other keys are its arguments), or data_processor: "
+    "one of the Model Zoo model's data processors, e.g. MNISTDataProcessor"
+)
+
+
 # ---- value types: each a validator with the text its error shows -----------------------
 def _expect(expected: str, convert: Callable[[Any], Any]) -> Any:
     """A field type: ``convert(value)``, or the error ``must be <expected>``."""
@@ -168,23 +174,44 @@ class Arguments(BaseModel):
 
 
 class ModelSection(Arguments):
-    factory: ImportPath
-    loss: Loss = "cross_entropy"
-    name: refused(
-        "cerebrax has no model registry: name the function that builds the model in "
-        "factory: 'package.module:name' (its other keys are that function's arguments)"
-    ) = None
+    """``factory`` (a function's import path, its arguments the other keys) or ``name``
+    (a model of Cerebras Model Zoo's registry: :mod:`._modelzoo` gives the other keys
+    to the model's config class, see :func:`._config.parse`)."""
+
+    factory: ImportPath | None = None
+    name: Text | None = None
+    loss: Loss | None = None  # with factory; default cross_entropy
+
+    @model_validator(mode="after")
+    def _one_model(self) -> ModelSection:
+        if self.factory is None and self.name is None:
+            raise PydanticCustomError("refused", MSG_NO_MODEL)
+        if self.factory is not None and self.name is not None:
+            raise PydanticCustomError(
+                "refused", "factory and name both say which model to build; give one "
+                "(name: a Model Zoo model, factory: 'package.module:function')")
+        return self
 
 
 class InputSection(Arguments):
-    input_fn: ImportPath
+    """``input_fn`` (a function's import path, its arguments the other keys) or
+    ``data_processor`` (one of the Model Zoo model's data processors: its config class
+    takes the other keys)."""
+
+    input_fn: ImportPath | None = None
     num_steps: Count | None = None
     batch_size: Count | None = None
-    data_processor: refused(
-        "cerebrax has no data-processor registry: name the function that yields "
-        "(inputs, targets) batches in input_fn: 'package.module:name' (its other keys "
-        "are that function's arguments)"
-    ) = None
+    data_processor: Text | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InputSection:
+        if self.input_fn is None and self.data_processor is None:
+            raise PydanticCustomError("refused", MSG_NO_INPUT)
+        if self.input_fn is not None and self.data_processor is not None:
+            raise PydanticCustomError(
+                "refused", "input_fn and data_processor both say where the batches come "
+                "from; give one")
+        return self
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -463,8 +490,13 @@ def check(model: type[Model], data: Any, where: str = "") -> Model:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        lines = [_message(model, error, where) for error in e.errors()]
-        raise ConfigError("\n".join(dict.fromkeys(lines))) from None
+        raise ConfigError(errors_message(model, e.errors(), where)) from None
+
+
+def errors_message(model: type[BaseModel], errors: list[dict], where: str = "") -> str:
+    """One line per pydantic error of ``model`` (``errors()``), each naming its key path
+    under ``where``; also used for the errors of Model Zoo's config classes."""
+    return "\n".join(dict.fromkeys(_message(model, error, where) for error in errors))
 
 
 def _path(loc: tuple, where: str) -> str:
@@ -491,14 +523,18 @@ def _message(model: type[BaseModel], error: Any, where: str) -> str:
         return f"{path} must be {expected}, got {got}"
     if kind == "refused":
         return f"{path}: {msg}"
+    if kind in ("value_error", "assertion_error"):  # a validator's own message
+        return f"{path}: {msg.removeprefix('Value error, ').removeprefix('Assertion failed, ')}"
     return f"{path}: {msg}, got {got}"
 
 
 def _known_keys(model: type[BaseModel]) -> list[str]:
     return [
-        field.alias or name
+        field.validation_alias if isinstance(field.validation_alias, str)
+        else field.alias or name
         for name, field in model.model_fields.items()
-        if not any(getattr(getattr(m, "func", None), "refused", False) for m in field.metadata)
+        if not field.deprecated
+        and not any(getattr(getattr(m, "func", None), "refused", False) for m in field.metadata)
     ]
 
 

@@ -275,8 +275,9 @@ class DataLoader:
 
     def source_length(self) -> int | None:
         """The number of batches of the user node's iterable, None when it has no length."""
+        source = self.source  # built outside the try: a TypeError in input_fn is its own
         try:
-            return len(self.source)
+            return len(source)
         except TypeError:
             return None
 

@@ -169,13 +169,14 @@ def get_streaming_rank() -> int:
     return info.rank
 
 
-def get_streaming_batch_size(effective_batch_size: int) -> int:
+def get_streaming_batch_size(effective_batch_size: int, global_rank: int | None = None) -> int:
     """The batch size this worker streams for a global batch of ``effective_batch_size``.
 
     A streaming worker feeds one of ``num_csx`` systems, whose batches are concatenated
     into the global batch: it streams ``effective_batch_size // num_csx`` samples, one
     more on the first ``effective_batch_size % num_csx`` systems. On the user node, and
-    in a run with one system, it is ``effective_batch_size`` itself.
+    in a run with one system, it is ``effective_batch_size`` itself. ``global_rank``: the
+    answer for the streaming worker of that rank instead of the caller.
     """
     if not is_strict_int(effective_batch_size) or effective_batch_size < 1:
         raise ConfigError(
@@ -183,6 +184,12 @@ def get_streaming_batch_size(effective_batch_size: int) -> int:
             f"{effective_batch_size!r}."
         )
     info = current_info()
+    if global_rank is not None:
+        if not is_strict_int(global_rank) or not 0 <= global_rank < info.num_streamers:
+            raise ConfigError(
+                f"get_streaming_batch_size(global_rank={global_rank!r}): the rank of a "
+                f"streaming worker, an integer in [0, {info.num_streamers}).")
+        info = dataclasses.replace(info, rank=global_rank, streamer=True)
     if not info.streamer or info.num_csx == 1:
         return effective_batch_size
     if effective_batch_size < info.num_csx:

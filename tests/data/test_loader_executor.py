@@ -179,3 +179,12 @@ def test_executor_prints_nothing_by_default_in_a_script(capsys):
         step(x)
     captured = capsys.readouterr()
     assert "[cerebrax]" not in captured.err + captured.out
+
+
+def test_a_type_error_in_input_fn_is_reported_as_itself():
+    def input_fn():
+        raise TypeError("bad argument inside the input function")
+
+    loader = cstorch.utils.data.DataLoader(input_fn)
+    with pytest.raises(TypeError, match="bad argument inside the input function"):
+        loader.num_steps
