@@ -408,3 +408,19 @@ def test_streaming_batch_size_for_a_given_rank():
             4, 4, 3, 3, 3, 3]
         with pytest.raises(ConfigError, match=r"\[0, 6\)"):
             dist.get_streaming_batch_size(10, global_rank=6)
+
+
+def test_cluster_and_storage_flags_are_recorded():
+    from cerebrax.backend import flags_report
+
+    cstorch.backends.csx.cluster.auto_taint = True
+    cstorch.backends.csx.storage.s3.profile = "dev"
+    assert cstorch.backends.csx.storage.s3.profile == "dev"
+    assert [line.split(":")[0] for line in flags_report()] == ["csx.cluster.auto_taint",
+                                                              "csx.storage.s3.profile"]
+    with pytest.raises(ConfigError, match="AWS profile"):
+        cstorch.backends.csx.storage.s3.profile = 3
+    with pytest.raises(ConfigError, match="s3 group"):
+        cstorch.backends.csx.storage = None
+    cstorch.reset()
+    assert cstorch.backends.csx.storage.s3.profile is None

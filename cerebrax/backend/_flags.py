@@ -104,6 +104,14 @@ _FLAGS: dict[str, dict[str, _Flag]] = {
     "precision": {
         "optimization_level": _Flag(1, _level, "0, 1 or 2"),
     },
+    "cluster": {
+        "auto_taint": _Flag(False, _bool, "a bool"),
+    },
+    # cstorch.backends.csx.storage.s3: the credentials profile of S3 checkpoint paths
+    "storage.s3": {
+        "profile": _Flag(None, lambda v: v is None or isinstance(v, str),
+                         "a string (an AWS profile name), or None"),
+    },
 }
 
 
@@ -147,16 +155,35 @@ class FlagGroup:
         return f"csx.{self._group}({values})"
 
 
+class _Storage:
+    """``cstorch.backends.csx.storage``: its ``s3`` group of flags."""
+
+    def __init__(self) -> None:
+        self.s3 = FlagGroup("storage.s3")
+
+    def __repr__(self) -> str:
+        return "cstorch.backends.csx.storage(s3)"
+
+
 class _Csx:
-    """``cstorch.backends.csx``: the ``debug``, ``performance`` and ``precision`` groups."""
+    """``cstorch.backends.csx``: the ``debug``, ``performance``, ``precision``,
+    ``cluster`` and ``storage.s3`` groups."""
 
     def __init__(self) -> None:
         self.debug = FlagGroup("debug")
         self.performance = FlagGroup("performance")
         self.precision = FlagGroup("precision")
+        self.cluster = FlagGroup("cluster")
+        self.storage = _Storage()
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FLAGS and name not in self.__dict__:
+        if name == "storage" and name not in self.__dict__:
+            object.__setattr__(self, name, value)
+        elif name == "storage":
+            raise ConfigError("cstorch.backends.csx.storage holds the s3 group of flags; "
+                              "assign its flags, e.g. cstorch.backends.csx.storage.s3.profile "
+                              "= ...")
+        elif name in _FLAGS and name not in self.__dict__:
             object.__setattr__(self, name, value)  # the groups, set once
         elif name in _FLAGS:
             raise ConfigError(
@@ -175,7 +202,7 @@ class _Csx:
                 f"{', '.join(sorted(_FLAGS))}.")
 
     def __repr__(self) -> str:
-        return "cstorch.backends.csx(debug, performance, precision)"
+        return "cstorch.backends.csx(debug, performance, precision, cluster, storage)"
 
 
 class Backends:
@@ -215,7 +242,7 @@ def _status(key: str, value: Any, backend: Any) -> str:
 
 def _untouched(key: str, value: Any) -> bool:
     """Whether ``value`` is a flag's made default, still as made (never reported)."""
-    group, name = key.split(".", 1)
+    group, name = key.rsplit(".", 1)
     factory = _FLAGS[group][name].factory
     return factory is not None and value == factory()
 
