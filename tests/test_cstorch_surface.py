@@ -105,8 +105,7 @@ def test_annotated_module_in_a_traced_step_trains_as_without_annotation():
             h = cstorch.pol(level=0, bwd_level=0)(self.inner[0])(x)
             return self.inner[2](self.inner[1](h)) * (1.0 if cstorch.current_pol() >= 0 else 2.0)
 
-    reference = torch.nn.Sequential(*[m for m in plain])
-    ref_state = {k: v.clone() for k, v in reference.state_dict().items()}
+    ref_state = {k: v.clone() for k, v in plain.state_dict().items()}
     cstorch.backend("CPU")
     model = cstorch.compile(Annotated(plain))
     opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
@@ -424,3 +423,31 @@ def test_cluster_and_storage_flags_are_recorded():
         cstorch.backends.csx.storage = None
     cstorch.reset()
     assert cstorch.backends.csx.storage.s3.profile is None
+
+
+def test_the_remaining_argument_errors_name_the_argument(tmp_path):
+    from cerebrax.lib import cerebras_pytorch_lib
+    from cerebrax.nn import functional as F
+    from cerebrax.storage import serializers
+
+    with pytest.raises(ConfigError, match="non-empty string"):
+        cerebras_pytorch_lib.set_attribute(torch.ones(1), "", 1)
+    with pytest.raises(ValueError, match=r"weight must be \(out, experts, in\)"):
+        F.sparse_matmul(torch.ones(1, 2, 3), torch.zeros(1, 2, dtype=torch.long),
+                        torch.ones(4, 3))
+    with pytest.raises(ValueError, match="act_mask"):
+        F.sparse_act_matmul(torch.ones(2, 3, 4), torch.ones(2, 2), torch.ones(5, 4))
+    with pytest.raises(ConfigError, match="torch.nn.Module"):
+        cstorch.add_debug_name(object())
+    with pytest.raises(ConfigError, match="True or False"):
+        with serializers.use_external_link("yes"):
+            pass
+    with serializers.use_external_link(True):
+        assert serializers.settings["use_external_link"] is True
+    assert serializers.settings["use_external_link"] is False
+    with pytest.raises(ConfigError, match="end_step"):
+        cstorch.profiler.schedule(start_step=3, end_step=2)
+    with pytest.raises(UnsupportedOpError, match="jax.profiler"):
+        cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=1, end_step=2))
+    with pytest.raises(UnsupportedOpError, match="torch.topk"):
+        cstorch.cirh.FusedTopK(torch.ones(2, 3), k=1, dimension=1)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from ..errors import ConfigError
 
 __all__ = ["AnnotationMode", "Annotation", "create_annotation", "current_pol", "pol",
-           "recorded_annotations"]
+           "recorded_annotations", "value_annotation"]
 
 
 @dataclasses.dataclass
@@ -115,6 +115,24 @@ def create_annotation(config_class: type, get_attribute: Callable[[Any, bool], A
         return annotated
 
     return decorator
+
+
+@dataclasses.dataclass
+class _ValueConfig(_Config):
+    name: str
+    value: Any
+
+
+def _value_attribute(config: _ValueConfig, is_backward: bool) -> _Attribute:
+    return _Attribute(config.name, config.value)
+
+
+def value_annotation(name: str, value: Any, *, enable_bwd: bool = True
+                     ) -> Callable[[Callable], Callable]:
+    """A decorator that marks a call's operations with one attribute ``name`` = ``value``
+    (the form of cstorch's ``kernel_annotater`` and ``groups_annotater``)."""
+    return create_annotation(_ValueConfig, _value_attribute, name=name, value=value,
+                             enable_bwd=enable_bwd)
 
 
 # ---- the precision optimization level --------------------------------------------------

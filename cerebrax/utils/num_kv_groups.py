@@ -4,23 +4,12 @@ compiler how many key/value head groups an attention matmul has. Recorded, run u
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
 
-from ..core.annotation import AnnotationMode, create_annotation
+from ..core.annotation import value_annotation
 from ..errors import ConfigError
 
 __all__ = ["groups_annotater"]
-
-
-@dataclasses.dataclass
-class _GroupsConfig(AnnotationMode.Config):
-    num_groups: Any
-
-
-def _attribute(config: _GroupsConfig, is_backward: bool) -> AnnotationMode.Attribute:
-    return AnnotationMode.Attribute("num_kv_groups", config.num_groups)
 
 
 def groups_annotater(num_groups: int | None) -> Callable[[Callable], Callable]:
@@ -30,4 +19,4 @@ def groups_annotater(num_groups: int | None) -> Callable[[Callable], Callable]:
                                    or num_groups < 1):
         raise ConfigError(f"groups_annotater({num_groups!r}): the number of key/value "
                           "groups is an int >= 1, or None.")
-    return create_annotation(_GroupsConfig, _attribute, num_groups=num_groups)
+    return value_annotation("num_kv_groups", num_groups)
