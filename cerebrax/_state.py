@@ -102,14 +102,24 @@ def as_state_leaf(x: Any) -> jax.Array:
     signature once a step returns a strongly typed value, forcing a recompile; so would
     an uncommitted array, since step outputs are committed to the backend's device.
     """
+    # Built on the host and copied to the device, never by an eager JAX operation: each
+    # of those compiles a small program per shape.
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
-        dtype = jnp.bool_ if isinstance(x, bool) else (
-            jnp.int32 if isinstance(x, int) else jnp.float32
+        dtype = np.bool_ if isinstance(x, bool) else (
+            np.int32 if isinstance(x, int) else np.float32
         )
-        arr = jnp.array(x, dtype=dtype)
-    elif isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.device_put(np.array(x, dtype=dtype), _state_device())
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         arr = jax.random.wrap_key_data(jnp.array(jax.random.key_data(x), copy=True),
                                        impl=jax.random.key_impl(x))
+    elif isinstance(x, jax.Array) and not x.weak_type:
+        if not x.is_fully_addressable:
+            return jnp.array(x, copy=True)  # laid out on a mesh that spans processes
+        return jax.device_put(x, _state_device(), may_alias=False)
+    elif isinstance(x, (np.ndarray, np.generic)):
+        return jax.device_put(np.array(x, copy=True), _state_device())
+    elif isinstance(x, jax.Array) and x.is_fully_addressable:  # weakly typed: a scalar
+        return jax.device_put(np.array(x), _state_device())
     else:
         arr = jnp.array(x, copy=True)
         if arr.weak_type:

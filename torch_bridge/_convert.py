@@ -80,7 +80,13 @@ def random_seed() -> jax.Array:
     """A ``jax.random`` key from torch's seed (``torch.manual_seed``), without drawing
     from torch's generator."""
     seed = torch.initial_seed()  # up to 64 bits; a key holds 32 bits per fold
-    return jax.random.fold_in(jax.random.key(seed & 0xFFFFFFFF), seed >> 32)
+    return _seeded_key(seed & 0xFFFFFFFF, seed >> 32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _seeded_key(low: int, high: int) -> jax.Array:
+    # One program (eagerly, each of the four operations would compile one).
+    return jax.random.fold_in(jax.random.key(low), high)
 
 
 @contextlib.contextmanager

@@ -47,8 +47,10 @@ def _is_dynamic(value: Any) -> bool:
 
 def _to_hparam(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
-        return tuple(jnp.asarray(v, jnp.float32) for v in value)
-    return jnp.asarray(value, jnp.float32)
+        return tuple(_to_hparam(v) for v in value)
+    if isinstance(value, jax.Array):
+        return jnp.asarray(value, jnp.float32)
+    return np.asarray(value, np.float32)  # on the host: no program compiled for it
 
 
 def _to_python(value: Any) -> Any:

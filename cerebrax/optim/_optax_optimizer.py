@@ -36,10 +36,11 @@ class OptaxOptimizer(Optimizer):
         raise NotImplementedError
 
     def preinitialize(self) -> None:
-        states = []
-        for group in self.param_groups:
-            values = [p.stored for p in group["params"]]
-            states.append(self._transform(group).init(values))
+        # One program initializes every group: run eagerly, each operation on a new
+        # shape would compile a program of its own.
+        inits = [self._transform(group).init for group in self.param_groups]
+        values = [[p.stored for p in group["params"]] for group in self.param_groups]
+        states = jax.jit(lambda values: [init(v) for init, v in zip(inits, values)])(values)
         self._tx_state = _state.StateRef(
             states, name=f"{type(self).__name__}.optax_state", skippable=True
         )

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.typing import ArrayLike
 
@@ -139,7 +140,7 @@ class LRScheduler(abc.ABC):
                 f"{type(optimizer).__name__} does not have"
             )
         self._counter = _state.StateRef(
-            jnp.int32(last_epoch), name=f"{type(self).__name__}.last_epoch", skippable=True
+            np.int32(last_epoch), name=f"{type(self).__name__}.last_epoch", skippable=True
         )
         self.step()
 
@@ -187,7 +188,13 @@ class LRScheduler(abc.ABC):
         return value
 
     def _write_lr(self) -> None:
-        value = jnp.asarray(self._get_closed_form_lr(), jnp.float32)
+        step = self.last_epoch
+        if isinstance(step, jax.core.Tracer):
+            value = jnp.asarray(self._get_closed_form_lr(), jnp.float32)
+        else:
+            # Outside a step (construction, load_state_dict) the closed form runs as one
+            # program: eagerly, each of its operations would compile a program of its own.
+            value = jax.jit(self._lr_at)(step)
         groups = self.optimizer.param_groups
         for i in self._groups:
             groups[i][self.param_group_key] = self._group_value(value, i)
@@ -214,7 +221,11 @@ class LRScheduler(abc.ABC):
                 f"{type(self).__name__}.step(epoch) is not supported: the learning rate is a "
                 "closed-form function of the global step; call step() once per step."
             )
-        self._counter.value = optax.safe_increment(self._counter.value)
+        count = self._counter.value
+        if isinstance(count, jax.core.Tracer) or not count.is_fully_addressable:
+            self._counter.value = optax.safe_increment(count)
+        else:  # on the host, as optax.safe_increment: saturates at the largest int32
+            self._counter.value = np.int32(min(int(count) + 1, np.iinfo(np.int32).max))
         self._write_lr()
 
     def state_dict(self) -> dict[str, Any]:
@@ -226,5 +237,5 @@ class LRScheduler(abc.ABC):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores ``last_epoch`` and writes the learning rate of that step."""
         self._check_not_adopted("load_state_dict()")
-        self._counter.value = jnp.int32(state_dict["last_epoch"])
+        self._counter.value = np.int32(state_dict["last_epoch"])
         self._write_lr()

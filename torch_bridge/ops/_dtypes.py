@@ -73,7 +73,13 @@ def to_jax(x: Any) -> jax.Array:
             arr = t.view(torch.int16).numpy().view(jnp.bfloat16)
         else:
             arr = t.numpy()
-        return jnp.asarray(arr, dtype=jax.dtypes.canonicalize_dtype(arr.dtype))
+        return _to_device(arr)
     if isinstance(x, (np.ndarray, np.generic)):
-        return jnp.asarray(x, dtype=jax.dtypes.canonicalize_dtype(x.dtype))
+        return _to_device(x)
     return x
+
+
+def _to_device(x: np.ndarray | np.generic) -> jax.Array:
+    # Converted on the host (int64 to int32 unless x64 is on): on the device, the
+    # conversion would compile a program per shape.
+    return jax.device_put(np.asarray(x, dtype=jax.dtypes.canonicalize_dtype(x.dtype)))
