@@ -47,6 +47,12 @@ class CompileCounter:
 COMPILES = CompileCounter()
 jax.monitoring.register_event_duration_secs_listener(COMPILES)
 
+# Backends turn JAX's persistent compilation cache on (cerebrax.backend._compile_cache).
+# In the test process it stays off, as JAX's own switch says: a program loaded from an
+# earlier run is not compiled, and the tests that count compiles would count too few.
+# The cache is tested in fresh processes (tests/test_startup.py, tests/cli).
+jax.config.update("jax_enable_compilation_cache", False)
+
 
 @pytest.fixture
 def compiles() -> CompileCounter:

@@ -55,20 +55,92 @@ SETUP = textwrap.dedent("""
 """)
 
 
-def run_python(code: str, **env: str) -> dict:
+def run_python(code: str, directory: pathlib.Path, **env: str) -> dict:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO, env={**os.environ, **env}, timeout=300)
+                            cwd=directory, env={**os.environ, **env}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_building_model_optimizer_and_schedulers_compiles_almost_nothing():
+def test_building_model_optimizer_and_schedulers_compiles_almost_nothing(tmp_path):
     # Eager JAX operations compile one small program per operation and shape, each 10 to
     # 100 ms: building state with them cost a gigaGPT-style script about 40 programs
     # (1.5 s) before its first step. State is now built on the host and copied over;
     # what is left is one program per scheduler (three here, each evaluates its closed
     # form once at construction), one for the optimizer's initial state and one for the
     # converted module's random key: none per parameter shape.
-    out = run_python(SETUP)
+    out = run_python(SETUP, tmp_path, CEREBRAX_COMPILE_CACHE="0")
     assert out["compiles"] <= 5, out
     assert out["lr"] == [0.0, 0.0]
+
+
+STEP_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np, torch
+    import cerebrax as cstorch
+
+    events = {"hits": 0, "misses": 0}
+    def count(event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            events["hits"] += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            events["misses"] += 1
+    jax.monitoring.register_event_listener(count)
+
+    SCALE = float(sys.argv[1])  # changes the step's program, as an edited script would
+    torch.manual_seed(0)
+    backend = cstorch.backend("CPU")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+    @cstorch.trace
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(compiled(x), y) * SCALE
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    losses = []
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(float(loss.item()))
+
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        record(step(torch.tensor(rng.normal(size=(8, 3)), dtype=torch.float32),
+                    torch.tensor(rng.normal(size=(8, 1)), dtype=torch.float32)))
+    print(json.dumps({**events, "losses": losses, "dir": backend.compile_cache_dir}))
+""")
+
+
+def run_step(directory: pathlib.Path, scale: float, **env: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", STEP_SCRIPT, str(scale)], cwd=directory,
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu", **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_run_loads_its_step_and_a_changed_step_is_compiled_again(tmp_path):
+    first = run_step(tmp_path, 1.0)
+    assert first["dir"] == str(tmp_path / "cerebras_logs" / "compile" / "jax_cache")
+    assert first["misses"] >= 1 and first["hits"] == 0
+    second = run_step(tmp_path, 1.0)
+    # Every program of the second process, the step included, is loaded: none compiled.
+    assert second["misses"] == 0 and second["hits"] >= 1, second
+    assert second["losses"] == first["losses"]
+    # An edited step is another program: compiled, never the stale one loaded.
+    changed = run_step(tmp_path, 2.0)
+    uncached = run_step(tmp_path / "..", 2.0, CEREBRAX_COMPILE_CACHE="0")
+    assert changed["misses"] >= 1, changed
+    assert changed["losses"] == uncached["losses"] != first["losses"]
+    assert uncached["dir"] is None and uncached["hits"] == uncached["misses"] == 0
+
+
+def test_the_switch_names_another_directory(tmp_path):
+    out = run_step(tmp_path, 1.0, CEREBRAX_COMPILE_CACHE=str(tmp_path / "cache"))
+    assert out["dir"] == str(tmp_path / "cache")
+    assert any((tmp_path / "cache").iterdir())
+    assert not (tmp_path / "cerebras_logs" / "compile" / "jax_cache").exists()

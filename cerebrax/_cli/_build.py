@@ -19,6 +19,7 @@ import optax
 from .. import amp, metrics, optim
 from ..models import compile as compile_model
 from ..backend import ClusterConfig, backend
+from ..backend import _compile_cache
 from .._interop import as_jax
 from ..data import DataLoader, compute_num_steps
 from ..data._progress import write
@@ -163,16 +164,13 @@ class CacheCounter:
 
 
 def setup_compile_cache(directory: str) -> CacheCounter:
-    """Points JAX's persistent compilation cache at ``directory`` (before any compile).
+    """Points JAX's persistent compilation cache at ``directory/jax_cache`` (before any
+    compile; see ``cerebrax.backend._compile_cache`` for the switches that keep it off).
 
     Every program is cached, however small or quick to compile, so a second process with
     the same config loads its executables instead of running XLA again.
     """
-    directory = os.path.abspath(os.path.join(directory, "jax_cache"))
-    os.makedirs(directory, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _compile_cache.enable(directory)
     counter = CacheCounter()
     jax.monitoring.register_event_listener(counter)
     return counter

@@ -15,6 +15,7 @@ from .._interop import to_numpy, to_torch
 from .._runtime import RUNTIME
 from ..errors import BackendError, ConfigError, TensorReadError
 from ..wse import MODE_ALIASES, ClusterConfig, Layout, build_wafer
+from . import _compile_cache
 from ._device import BackendDevice
 from ._flags import apply_flags
 
@@ -68,7 +69,11 @@ class Backend:
       cluster_config: the :class:`ClusterConfig` of a CSX backend (with the
         ``cstorch.backends.csx`` flags that apply to it applied), else None.
       artifact_dir: where compile artifacts and executor logs are written.
-      compile_dir: where ``compile_only`` artifacts are written.
+      compile_dir: where ``compile_only`` artifacts are written, and JAX's persistent
+        compilation cache (``jax_cache``) that lets a second run load its steps
+        instead of compiling them (``CEREBRAX_COMPILE_CACHE=0`` turns it off).
+      compile_cache_dir: the compilation cache's directory in use (the first one set
+        in this process), None where it is off.
       compile_only: lower and compile steps, write artifacts, run nothing.
       validate_only: trace steps abstractly, compile and run nothing.
       allow_recompile: let a step compile again for new input shapes (debugging).
@@ -93,6 +98,7 @@ class Backend:
         self.compile_dir = os.path.abspath(
             compile_dir or os.path.join(self.artifact_dir, "compile")
         )
+        self.compile_cache_dir = _compile_cache.enable(self.compile_dir)
         if compile_only and validate_only:
             raise ConfigError(
                 "compile_only and validate_only are exclusive: validate_only traces "

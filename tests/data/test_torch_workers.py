@@ -56,3 +56,20 @@ def test_an_unpicklable_dataset_names_the_fix():
     message = str(info.value)
     assert f"multiprocessing_context={SAFE!r}" in message
     assert "num_workers=0" in message and 'multiprocessing_context="fork"' in message
+
+
+def test_workers_kept_to_the_end_are_stopped_at_exit_while_their_queues_still_work():
+    # persistent_workers keeps the iterator (and its workers) on the torch loader for the
+    # next epoch, so they live until the interpreter exits; stopped only by the loader's
+    # __del__ during teardown, each worker waited out a 5 s timeout (a script hung ~15 s
+    # after its last step). cerebrax's exit hook stops them while multiprocessing works.
+    from cerebrax.data import _torch_workers
+
+    loader = cstorch.utils.data.DataLoader(squares_loader, 12, 3, num_workers=2,
+                                           persistent_workers=True, num_steps=2)
+    assert len(list(loader)) == 2
+    iterator = loader.dataloader._iterator
+    assert iterator is not None and all(w.is_alive() for w in iterator._workers)
+    _torch_workers.shutdown_workers()
+    assert not any(w.is_alive() for w in iterator._workers)  # joined, not killed
+    assert all(w.exitcode == 0 for w in iterator._workers)

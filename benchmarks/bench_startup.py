@@ -1,0 +1,170 @@
+"""Time to the first step of a gigaGPT-style script: cerebrax (cold and warm compile cache)
+against the same training in torch eager, each in a fresh process, by phase.
+
+The scripts are in ``benchmarks/startup/``: ``train_cstorch.py`` is written the way
+gigaGPT's ``train.py`` is (``import cerebras.pytorch as cstorch``, the model built under
+``backend.device``, ``cstorch.compile``, AdamW in two groups with a LinearLR warmup and a
+cosine decay, a traced step with gradient clipping, a step closure, a torch DataLoader
+with two persistent workers behind ``cstorch.utils.data.DataLoader`` and a
+``DataExecutor``) and runs under ``cerebrax run``; ``train_eager.py`` trains the same
+model (``gpt.py``: GPT-2 vocabulary, width 64, 2 blocks, sequence 32, batch 4) on the
+same batches with torch's AdamW and the same schedule. Both print phase marks: seconds
+from the benchmark's launch of the process to
+
+- ``imports``: the script's imports done (Python, torch; cerebrax and JAX for cerebrax);
+- ``model``: model, optimizer and schedule built (and compiled by ``cstorch.compile``);
+- ``first_batch``: the first batch in hand (the DataLoader's workers started);
+- ``first_step``: the first step's loss read (cerebrax: trace, export, XLA compile or
+  cache load, run).
+
+A cold cerebrax run starts with an empty compilation cache, the warm run after it uses
+the cache the cold run filled (``CEREBRAX_COMPILE_CACHE`` names the directory). Rounds
+alternate eager, cold, warm; the medians are reported. Every run's 20 losses are
+compared with eager's, so the three do the same training.
+
+    python benchmarks/bench_startup.py                  # table; writes RESULTS.md
+    python benchmarks/bench_startup.py --repo OTHER     # cerebrax of another checkout
+                                                        # (``git worktree``), e.g. before
+                                                        # a change, for a "before" table
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from results import write_section
+
+HERE = pathlib.Path(__file__).resolve().parent
+SCRIPTS = HERE / "startup"
+PHASES = ("imports", "model", "first_batch", "first_step")
+LABELS = {"imports": "imports", "model": "model, optimizer, schedule built",
+          "first_batch": "DataLoader workers until the first batch",
+          "first_step": "first step (cerebrax: export, trace, compile or cache load)"}
+
+
+def run(kind: str, tokens: pathlib.Path, cache: pathlib.Path, repo: pathlib.Path) -> dict:
+    """One fresh process: ``{"marks": {phase: s from launch}, "losses": [...]}``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SCRIPTS), str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if kind == "eager":
+        command = [sys.executable, str(SCRIPTS / "train_eager.py"), str(tokens)]
+    else:
+        command = [sys.executable, "-m", "cerebrax", "run", str(SCRIPTS / "train_cstorch.py"),
+                   str(tokens)]
+        env["CEREBRAX_COMPILE_CACHE"] = str(cache)
+    env["STARTUP_T0"] = repr(time.time())
+    result = subprocess.run(command, cwd=cache.parent, env=env, capture_output=True,
+                            text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
+    marks, losses = {}, []
+    for line in result.stdout.splitlines():
+        words = line.split()
+        if words[:1] == ["phase"]:
+            marks[words[1]] = float(words[2])
+        elif words[:1] == ["step"]:
+            losses.append(float(words[3]))
+    return {"marks": marks, "losses": losses}
+
+
+def durations(marks: dict) -> dict:
+    """Each phase's own seconds, and ``total``: launch to the first step."""
+    out, previous = {}, 0.0
+    for phase in PHASES:
+        out[phase] = marks[phase] - previous
+        previous = marks[phase]
+    out["total"] = marks["first_step"]
+    out["rest"] = marks["done"] - marks["first_step"]
+    return out
+
+
+def measure(rounds: int, repo: pathlib.Path) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {"eager": [], "cold": [], "warm": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        sys.path.insert(0, str(SCRIPTS))
+        from gpt import write_tokens
+
+        tokens = tmp / "tokens.bin"
+        write_tokens(tokens)
+        for i in range(rounds):
+            work = tmp / f"round_{i}"
+            work.mkdir()
+            cache = work / "jax_cache"
+            for kind in ("eager", "cold", "warm"):
+                out = run(kind, tokens, cache, repo)
+                runs[kind].append(out)
+                d = durations(out["marks"])
+                print(f"round {i + 1} {kind:5s}: " + ", ".join(
+                    f"{p} {d[p]:.2f}" for p in (*PHASES, "total")) + " s", flush=True)
+    return runs
+
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(durations(r["marks"])[key] for r in runs)
+
+
+def loss_gap(runs: dict[str, list[dict]]) -> float:
+    """Largest relative difference of a cerebrax loss from eager's, over all runs."""
+    reference = runs["eager"][0]["losses"]
+    return max(abs(a - b) / abs(b) for kind in ("cold", "warm") for r in runs[kind]
+               for a, b in zip(r["losses"], reference, strict=True))
+
+
+def section(runs: dict[str, list[dict]], rounds: int, label: str) -> str:
+    import jax
+    import torch
+
+    rows = ["| phase | torch eager | cerebrax, cold cache | cerebrax, warm cache |",
+            "|---|---|---|---|"]
+    for phase in PHASES:
+        rows.append(f"| {LABELS[phase]} | " + " | ".join(
+            f"{median(runs[k], phase):.2f} s" for k in ("eager", "cold", "warm")) + " |")
+    totals = {k: median(runs[k], "total") for k in runs}
+    rows.append("| **launch to first step** | " + " | ".join(
+        f"**{totals[k]:.2f} s**" for k in ("eager", "cold", "warm")) + " |")
+    rows.append("| the other 19 steps | " + " | ".join(
+        f"{median(runs[k], 'rest'):.2f} s" for k in ("eager", "cold", "warm")) + " |")
+    ratio = {k: totals[k] / totals["eager"] for k in ("cold", "warm")}
+    return "\n".join([
+        f"## Time to the first step of a gigaGPT-style script ({label})",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__}, "
+        f"torch {torch.__version__}, Python {platform.python_version()}. Each run is a "
+        f"fresh process; {rounds} rounds of eager, cold, warm; medians. Command: "
+        "`python benchmarks/bench_startup.py` (see its docstring for the scripts).",
+        "",
+        *rows,
+        "",
+        f"Launch to first step against torch eager: cold {ratio['cold']:.2f}x (target "
+        f"<= 2x), warm {ratio['warm']:.2f}x (target <= 1.3x). The 20 losses of every "
+        f"cerebrax run equal eager's within a relative {loss_gap(runs):.1e}.",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repo", default=str(HERE.parent),
+                        help="the checkout whose cerebrax runs (default: this one)")
+    parser.add_argument("--name", default="startup",
+                        help="the RESULTS.md section to write (e.g. startup_before)")
+    parser.add_argument("--label", default="after")
+    parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
+    args = parser.parse_args()
+    runs = measure(args.rounds, pathlib.Path(args.repo).resolve())
+    text = section(runs, args.rounds, args.label)
+    print(text)
+    write_section(pathlib.Path(args.output), args.name, text)
+
+
+if __name__ == "__main__":
+    main()
