@@ -119,7 +119,7 @@ def loss_gap(runs: dict[str, list[dict]]) -> float:
                for a, b in zip(r["losses"], reference, strict=True))
 
 
-def section(runs: dict[str, list[dict]], rounds: int, label: str) -> str:
+def section(runs: dict[str, list[dict]], rounds: int, label: str, command: str = "") -> str:
     import jax
     import torch
 
@@ -140,7 +140,8 @@ def section(runs: dict[str, list[dict]], rounds: int, label: str) -> str:
         f"Machine: {platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__}, "
         f"torch {torch.__version__}, Python {platform.python_version()}. Each run is a "
         f"fresh process; {rounds} rounds of eager, cold, warm; medians. Command: "
-        "`python benchmarks/bench_startup.py` (see its docstring for the scripts).",
+        f"`python benchmarks/bench_startup.py{command}` (see its docstring for the "
+        "scripts).",
         "",
         *rows,
         "",
@@ -161,7 +162,8 @@ def main() -> None:
     parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
     args = parser.parse_args()
     runs = measure(args.rounds, pathlib.Path(args.repo).resolve())
-    text = section(runs, args.rounds, args.label)
+    text = section(runs, args.rounds, args.label,
+                   "".join(f" {a}" for a in sys.argv[1:] if a != args.output))
     print(text)
     write_section(pathlib.Path(args.output), args.name, text)
 

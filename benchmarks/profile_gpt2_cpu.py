@@ -124,12 +124,14 @@ def paired(eager: Eager, cx: Cerebrax, batches: list, rounds: int) -> dict:
 
 
 def torch_profile(eager: Eager, batches: list) -> list[tuple[str, str, float]]:
-    """Top ops of torch eager: ``(name, kind, self ms per step)``."""
+    """Top ops (and profiler regions) of torch eager: ``(name, calls per step, self ms
+    per step)``."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities) as prof:
         for i in range(PROFILED_STEPS):
             eager.step(batches[i % len(batches)])
-    rows = [(e.key, "aten op", e.self_cpu_time_total / 1e3 / PROFILED_STEPS)
+    rows = [(e.key, f"{e.count / PROFILED_STEPS:g} calls",
+             e.self_cpu_time_total / 1e3 / PROFILED_STEPS)
             for e in prof.key_averages() if e.self_cpu_time_total > 0]
     return sorted(rows, key=lambda r: -r[2])
 
@@ -201,6 +203,17 @@ def xla_profile(cx: Cerebrax, batches: list, hlo_dir: str | None) -> tuple[list,
     return rows, sum(total.values()) / (wall * 1e3)
 
 
+def by_kind(rows: list) -> list[tuple[str, str, float]]:
+    """The HLO instructions summed by what they are (``fusion (kCustom: dot)``, ...)."""
+    total: dict[str, float] = collections.defaultdict(float)
+    count: collections.Counter = collections.Counter()
+    for _, kind, ms in rows:
+        total[kind] += ms
+        count[kind] += 1
+    return sorted(((kind, f"{count[kind]} instructions", ms) for kind, ms in total.items()),
+                  key=lambda r: -r[2])
+
+
 def table(rows: list, step_ms: float, title: str) -> list[str]:
     out = [f"| {title} | what | ms per step | share of the step |", "|---|---|---|---|"]
     for name, kind, ms in rows[:10]:
@@ -226,11 +239,12 @@ def main() -> None:
     eager.step(batches[0])
     result = paired(eager, cx, batches, args.rounds)
     step = {k: statistics.median(v) for k, v in result["times"].items()}
-    gap = max(abs(a - b) / abs(b) for a, b in zip(result["losses"]["cerebrax"],
-                                                  result["losses"]["eager"]))
+    gaps = [abs(a - b) / abs(b)
+            for a, b in zip(result["losses"]["cerebrax"], result["losses"]["eager"])]
+    gap, gap10 = max(gaps), max(gaps[:10])
     print(f"eager {step['eager'] * 1e3:.0f} ms/step, cerebrax {step['cerebrax'] * 1e3:.0f} "
           f"ms/step, cerebrax/eager time {step['cerebrax'] / step['eager']:.3f}; "
-          f"losses rel {gap:.1e}", flush=True)
+          f"losses rel {gap10:.1e} over the first 10 steps, {gap:.1e} over all", flush=True)
     torch_rows = torch_profile(eager, batches)
     xla_rows, covered = xla_profile(cx, batches, args.hlo)
     ratio = step["eager"] / step["cerebrax"]
@@ -246,11 +260,15 @@ def main() -> None:
         f"- torch eager {step['eager'] * 1e3:.0f} ms per step, cerebrax "
         f"{step['cerebrax'] * 1e3:.0f} ms: cerebrax runs at **{ratio:.2f}x** torch eager's "
         f"speed (first step, with export and compile, {first:.1f} s). The losses of the "
-        f"{len(result['losses']['eager'])} paired steps agree within a relative {gap:.1e}.",
+        f"first 10 paired steps agree within a relative {gap10:.1e}, all "
+        f"{len(gaps)} within {gap:.1e} (float32 rounding that AdamW and the loss spikes "
+        "of 4 repeated batches amplify; see the notes below the tables).",
         f"- The XLA per-op events cover {100 * covered:.0f}% of the profiled steps' wall "
         "time; the rest is dispatch, the thread pool's hand-offs and the step's host work.",
         "",
-        *table(torch_rows, step["eager"] * 1e3, "torch eager: aten op"),
+        *table(torch_rows, step["eager"] * 1e3, "torch eager: op (self time)"),
+        "",
+        *table(by_kind(xla_rows), step["cerebrax"] * 1e3, "cerebrax: HLO instructions by kind"),
         "",
         *table(xla_rows, step["cerebrax"] * 1e3, "cerebrax: HLO instruction"),
     ]
