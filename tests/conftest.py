@@ -11,8 +11,11 @@ flag they are not collected.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 import chex
 import jax
@@ -50,8 +53,12 @@ jax.monitoring.register_event_duration_secs_listener(COMPILES)
 # Backends turn JAX's persistent compilation cache on (cerebrax.backend._compile_cache).
 # In the test process it stays off, as JAX's own switch says: a program loaded from an
 # earlier run is not compiled, and the tests that count compiles would count too few.
-# The cache is tested in fresh processes (tests/test_startup.py, tests/cli).
+# The cache is tested in fresh processes (tests/test_startup.py, tests/cli). The scripts,
+# commands and notebooks the tests run in subprocesses share one folder of this test
+# process, not the user's ~/.cache.
 jax.config.update("jax_enable_compilation_cache", False)
+os.environ.setdefault("CEREBRAX_COMPILE_CACHE", tempfile.mkdtemp(prefix="cerebrax_cache_"))
+atexit.register(shutil.rmtree, os.environ["CEREBRAX_COMPILE_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture

@@ -116,16 +116,20 @@ STEP_SCRIPT = textwrap.dedent("""
 
 
 def run_step(directory: pathlib.Path, scale: float, **env: str) -> dict:
+    # The default cache folder, under a home of the test's own.
+    base = {k: v for k, v in os.environ.items() if k != "CEREBRAX_COMPILE_CACHE"}
+    base.update(JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(directory / "xdg"))
     result = subprocess.run([sys.executable, "-c", STEP_SCRIPT, str(scale)], cwd=directory,
                             capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu", **env})
+                            env={**base, **env})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_a_second_run_loads_its_step_and_a_changed_step_is_compiled_again(tmp_path):
     first = run_step(tmp_path, 1.0)
-    assert first["dir"] == str(tmp_path / "cerebras_logs" / "compile" / "jax_cache")
+    assert first["dir"] == str(tmp_path / "xdg" / "cerebrax" / "jax_cache")
+    assert not (tmp_path / "cerebras_logs").exists()  # nothing written where it runs
     assert first["misses"] >= 1 and first["hits"] == 0
     second = run_step(tmp_path, 1.0)
     # Every program of the second process, the step included, is loaded: none compiled.
@@ -133,7 +137,7 @@ def test_a_second_run_loads_its_step_and_a_changed_step_is_compiled_again(tmp_pa
     assert second["losses"] == first["losses"]
     # An edited step is another program: compiled, never the stale one loaded.
     changed = run_step(tmp_path, 2.0)
-    uncached = run_step(tmp_path / "..", 2.0, CEREBRAX_COMPILE_CACHE="0")
+    uncached = run_step(tmp_path, 2.0, CEREBRAX_COMPILE_CACHE="0")
     assert changed["misses"] >= 1, changed
     assert changed["losses"] == uncached["losses"] != first["losses"]
     assert uncached["dir"] is None and uncached["hits"] == uncached["misses"] == 0
@@ -143,4 +147,4 @@ def test_the_switch_names_another_directory(tmp_path):
     out = run_step(tmp_path, 1.0, CEREBRAX_COMPILE_CACHE=str(tmp_path / "cache"))
     assert out["dir"] == str(tmp_path / "cache")
     assert any((tmp_path / "cache").iterdir())
-    assert not (tmp_path / "cerebras_logs" / "compile" / "jax_cache").exists()
+    assert not (tmp_path / "xdg").exists()

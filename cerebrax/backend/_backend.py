@@ -69,9 +69,10 @@ class Backend:
       cluster_config: the :class:`ClusterConfig` of a CSX backend (with the
         ``cstorch.backends.csx`` flags that apply to it applied), else None.
       artifact_dir: where compile artifacts and executor logs are written.
-      compile_dir: where ``compile_only`` artifacts are written, and JAX's persistent
-        compilation cache (``jax_cache``) that lets a second run load its steps
-        instead of compiling them (``CEREBRAX_COMPILE_CACHE=0`` turns it off).
+      compile_dir: where ``compile_only`` artifacts are written; when given, it also
+        holds JAX's persistent compilation cache (``jax_cache``), which lets a second
+        run load its steps instead of compiling them (by default the cache is in
+        ``~/.cache/cerebrax/jax_cache``; ``CEREBRAX_COMPILE_CACHE=0`` turns it off).
       compile_cache_dir: the compilation cache's directory in use (the first one set
         in this process), None where it is off.
       compile_only: lower and compile steps, write artifacts, run nothing.
@@ -98,7 +99,8 @@ class Backend:
         self.compile_dir = os.path.abspath(
             compile_dir or os.path.join(self.artifact_dir, "compile")
         )
-        self.compile_cache_dir = _compile_cache.enable(self.compile_dir)
+        self.compile_cache_dir = _compile_cache.enable(
+            self.compile_dir if compile_dir is not None else None)
         if compile_only and validate_only:
             raise ConfigError(
                 "compile_only and validate_only are exclusive: validate_only traces "
