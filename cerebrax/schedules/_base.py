@@ -194,7 +194,7 @@ class LRScheduler(abc.ABC):
         else:
             # Outside a step (construction, load_state_dict) the closed form runs as one
             # program: eagerly, each of its operations would compile a program of its own.
-            value = jax.jit(self._lr_at)(step)
+            value = jax.jit(lambda t: jnp.asarray(self._lr_at(t), jnp.float32))(step)
         groups = self.optimizer.param_groups
         for i in self._groups:
             groups[i][self.param_group_key] = self._group_value(value, i)
