@@ -148,3 +148,23 @@ def test_the_switch_names_another_directory(tmp_path):
     assert out["dir"] == str(tmp_path / "cache")
     assert any((tmp_path / "cache").iterdir())
     assert not (tmp_path / "xdg").exists()
+
+
+def test_a_folder_that_cannot_be_made_leaves_the_cache_off_and_says_how_to_fix_it(
+        tmp_path, monkeypatch):
+    import jax
+    import pytest
+
+    from cerebrax.backend import _compile_cache
+
+    assert not jax.config.jax_compilation_cache_dir  # none set in the test process
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("CEREBRAX_COMPILE_CACHE", str(tmp_path / "file" / "cache"))
+    jax.config.update("jax_enable_compilation_cache", True)  # off in the test process
+    try:
+        with pytest.warns(UserWarning, match=r"cannot create .*file/cache .*"
+                          r"CEREBRAX_COMPILE_CACHE=/path .*CEREBRAX_COMPILE_CACHE=0"):
+            assert _compile_cache.enable() is None
+    finally:
+        jax.config.update("jax_enable_compilation_cache", False)
+    assert not jax.config.jax_compilation_cache_dir
