@@ -47,14 +47,14 @@ cat "$OUT/setup.log"
 (
     export CUDA_VISIBLE_DEVICES= JAX_PLATFORMS=cpu
     start=$SECONDS
-    $pin_tests timeout "$TESTS_S" $PY -m pytest -n 8 -p no:cacheprovider -v -rfE \
+    $pin_tests timeout "$TESTS_S" $PY -m pytest -n 8 -p no:cacheprovider -p no:benchmark -v -rfE \
         tests --ignore=tests/multidevice --ignore=tests/test_notebooks.py \
         > "$OUT/tests.log" 2>&1
     echo "main suite: exit $? after $((SECONDS - start)) s" >> "$OUT/tests.log"
     left=$((TESTS_S - (SECONDS - start)))
     if [ "$left" -gt 30 ]; then
         XLA_FLAGS=--xla_force_host_platform_device_count=8 $pin_tests timeout "$left" \
-            $PY -m pytest -n 8 --dist loadfile -p no:cacheprovider -q -rfE tests/multidevice \
+            $PY -m pytest -n 8 --dist loadfile -p no:cacheprovider -p no:benchmark -q -rfE tests/multidevice \
             > "$OUT/multidevice.log" 2>&1
         echo "multidevice: exit $?" >> "$OUT/multidevice.log"
     fi
@@ -69,5 +69,5 @@ cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
 
 wait "$tests"
 tail -3 "$OUT/tests.log"
-grep -E "^(FAILED|ERROR) " "$OUT/tests.log" | head -60
+grep -E " (FAILED|ERROR) " "$OUT/tests.log" | head -60
 tail -15 "$OUT/multidevice.log" 2>/dev/null

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch._decomp
 from torch._C import DispatchKey
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from cerebrax.errors import ConfigError, TensorReadError
@@ -197,6 +197,13 @@ graph is captured once and runs the same ops for every value.
 {where}{hint}Fix: compute both branches and select with torch.where(cond, a, b), or make the
 decision outside forward (a Python flag argument is a constant of the graph)."""
 
+MSG_DATA_OUTPUT = """\
+{module}'s forward calls {op} (itself, or inside a torch function), whose result is a
+Python value computed from a tensor's values, which a compiled graph cannot hold: the
+graph is captured once and runs the same ops for every value.
+{where}Fix: keep the result a tensor (torch.all(a == b) for torch.equal) and select with
+torch.where(cond, a, b), or compute it outside forward."""
+
 MSG_OUTPUT_TYPE = """\
 {module} returns a {kind}, which a compiled graph cannot return (only tensors and
 containers of tensors: tuples, lists, dicts, transformers ModelOutputs).
@@ -222,6 +229,11 @@ def _export(module: torch.nn.Module, args: tuple, kwargs: dict
             failed.append(e)
             raise TensorReadError(MSG_DATA_DEPENDENT.format(
                 module=_name(module), where=_where(e), hint=_hint(module, kwargs))
+            ) from None
+        except DataDependentOutputException as e:  # torch.equal, or an op calling it
+            failed.append(e)
+            raise TensorReadError(MSG_DATA_OUTPUT.format(
+                module=_name(module), op=str(e.func), where=_where(e, "The call is at"))
             ) from None
         except RuntimeError as e:
             found = re.match(r"Found <class '([\w.]+)'> in output, which is not a known "
@@ -264,16 +276,16 @@ def _name(module: torch.nn.Module) -> str:
     return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
-def _where(error: BaseException) -> str:
-    """The source line torch reports for ``error`` (its user frame)."""
+def _where(error: BaseException, label: str = "The branch is at") -> str:
+    """The source line torch reports for ``error`` (its user frame), after ``label``."""
     found = re.search(r"The following call raised this error:\n(.*?)\n\n", str(error),
                       re.DOTALL)
     if found:
-        return "The branch is at\n" + found.group(1).rstrip() + "\n"
+        return f"{label}\n" + found.group(1).rstrip() + "\n"
     for frame in reversed(inspect.getinnerframes(error.__traceback__, context=1)):
         if "/torch/" not in frame.filename:
             code = (frame.code_context or [""])[0].strip()
-            return (f"The branch is at\n  File \"{frame.filename}\", line {frame.lineno}, "
+            return (f"{label}\n  File \"{frame.filename}\", line {frame.lineno}, "
                     f"in {frame.function}\n    {code}\n")
     return ""
 

@@ -52,7 +52,8 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 from opinfo_table import (CORE_SKIPS, DTYPE_TOL, DTYPES, FLOAT32_SAMPLES, HALF_BOUNDS,
-                          OTHER_DTYPE_SAMPLES, SAMPLE_CAPS, SKIPS, TESTED, TOLERANCES)
+                          NEEDS_TORCH, OTHER_DTYPE_SAMPLES, SAMPLE_CAPS, SKIPS, TESTED,
+                          TOLERANCES, runs_here)
 
 import torch_bridge
 from cerebrax.errors import UnsupportedOpError
@@ -415,7 +416,10 @@ def _by_name() -> dict[str, Any]:
     return {full_name(info): info for info in opinfo_db()}
 
 
-@pytest.mark.parametrize("name", TESTED)
+@pytest.mark.parametrize("name", [
+    name if runs_here(name) else pytest.param(name, marks=pytest.mark.skip(
+        reason=f"needs torch {'.'.join(map(str, NEEDS_TORCH[name][0]))}: "
+               f"{NEEDS_TORCH[name][1]}")) for name in TESTED])
 def test_opinfo(name):
     """One OpInfo's samples (within the caps) through the bridge match torch eager."""
     result = check_opinfo(_by_name()[name])
@@ -435,8 +439,9 @@ def test_core_coverage_and_skip_lists():
     unknown = sorted(n for n in [*TESTED, *(k.split("[")[0].split("@")[0] for k in SKIPS),
                                  *SAMPLE_CAPS, *(k.split("@")[0] for k in TOLERANCES),
                                  *HALF_BOUNDS]
-                     if n not in by_name)
+                     if n not in by_name and runs_here(n))
     assert not unknown, f"not OpInfo names in this torch: {unknown}"
+    assert set(NEEDS_TORCH) <= set(TESTED), set(NEEDS_TORCH) - set(TESTED)
     assert not set(TESTED) & set(SKIPS), "an OpInfo is both tested and skipped"
     core = core_aten_ops()
     lowered = set(torch_bridge.lowered_ops())

@@ -187,3 +187,23 @@ def test_data_dependent_branch_is_a_short_error(capfd):
 
     with pytest.raises(TensorReadError, match=r"if x.sum\(\) > 0:"):
         torch_bridge.convert(Branchy(), torch.randn(2, 4))
+
+
+class Equal(torch.nn.Module):
+    def forward(self, x):
+        if torch.equal(x, x.flip(0)):  # a Python bool computed from the values
+            return x
+        return x * 2
+
+
+def test_an_op_with_a_data_dependent_python_result_is_a_short_error(capfd):
+    """torch.equal (and torch 2.11's quantile, which calls it) returns a Python value
+    computed from the values: the error names the op, the line and the fix."""
+    with pytest.raises(TensorReadError) as info:
+        cstorch.compile(Equal(), "CPU")(torch.randn(2, 4))
+    message = str(info.value)
+    assert "Equal" in message and "aten.equal" in message
+    assert "if torch.equal(x, x.flip(0)):" in message and "test_hf_calls.py" in message
+    assert "torch.where" in message and len(message.splitlines()) < 15
+    printed = capfd.readouterr()
+    assert "def forward" not in message + printed.out + printed.err  # no FX graph

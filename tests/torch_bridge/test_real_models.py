@@ -40,11 +40,14 @@ The steps are compiled at XLA's optimization level 0, which halves compile times
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import numpy as np
 import pytest
 from real_models import CASES, StepResult, jax_step, torch_step
+
+from cerebrax.errors import TensorReadError
 
 TOL = 1e-5
 K = 3  # the bridge's error against float64 at most K times torch's own (docstring)
@@ -135,11 +138,24 @@ def tolerances(want: StepResult, exact: StepResult) -> dict[str, float]:
     return {kind: max(TOL, K * err) for kind, (err, _) in errors(want, exact).items()}
 
 
+def draws_layerdrop(model) -> bool:
+    """Whether a layer stack of ``model`` draws LayerDrop's random number and branches on
+    it in train mode whatever its probability: OPT and Whisper in transformers before
+    5.23 (5.17 does; 5.23 first checks ``layerdrop > 0``)."""
+    stacks = {type(m) for m in model.modules() if hasattr(m, "layerdrop")}
+    sources = [inspect.getsource(cls.forward) for cls in stacks]
+    return any("torch.rand" in s and "layerdrop > 0" not in s for s in sources)
+
+
 @pytest.mark.parametrize(("name", "mode"), list(_params()))
 def test_one_step_matches_torch(name, mode):
     case = CASES[name]
     train = mode == "train"
     model = case.build().train(train)
+    if train and draws_layerdrop(model):  # a branch on a random value: refused, clearly
+        with pytest.raises(TensorReadError, match="branches on a tensor's value"):
+            jax_step(case, model, train=train, compiler_options=COMPILER_OPTIONS)[0]()
+        return
     want = torch_step(case, model, train=train)
     exact = torch_step(case, model, train=train, double=True)
     tol = tolerances(want, exact)
