@@ -73,9 +73,9 @@ def round_to_cbfloat16(x: jax.typing.ArrayLike) -> jax.Array:
     so the result is exact in float32.
 
     Example:
-      >>> float(round_to_cbfloat16(1.0 + 2.0**-10))   # a tie: to the even mantissa
+      >>> float(cstorch.amp.round_to_cbfloat16(1.0 + 2.0**-10))  # a tie: to the even mantissa
       1.0
-      >>> float(round_to_cbfloat16(1e5))               # float16 would overflow
+      >>> float(cstorch.amp.round_to_cbfloat16(1e5))   # float16 would overflow
       99968.0
     """
     x = jnp.asarray(x, jnp.float32)
@@ -159,6 +159,8 @@ def get_half_dtype() -> Any:
 
 
 def get_half_dtype_str() -> str:
+    """The name of the chosen half dtype (:func:`set_half_dtype`): ``"float16"`` (also
+    when none was chosen), ``"bfloat16"``, ``"cbfloat16"`` or ``"float32"``."""
     return RUNTIME.half_dtype or "float16"
 
 
@@ -230,8 +232,13 @@ class autocast(contextlib.ContextDecorator):
       enabled: False computes in float32 under it.
 
     Example:
-      >>> with cstorch.amp.autocast():               # doctest: +SKIP
-      ...     logits = model(x)                      # float16 weights and activations
+      >>> model = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> x = torch.full((2, 4), 0.1)
+      >>> with cstorch.amp.autocast():           # float16 weights, inputs and compute
+      ...     half = model(x)
+      >>> full = model(x)                        # outside: float32 (on CPU)
+      >>> half.dtype, bool((half != full).any())  # outputs come back in float32
+      (dtype('float32'), True)
     """
 
     def __init__(self, dtype: Any = None, enabled: bool = True):

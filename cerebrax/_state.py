@@ -231,14 +231,19 @@ class Parameter(StateRef):
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The parameter's shape (read from the stored array, without a device sync)."""
         return tuple(self._value.shape)
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype the parameter is stored in (mixed precision casts it only where the
+        model computes)."""
         return self._value.dtype
 
     @property
     def data(self) -> jax.Array:
+        """The parameter's value, as :attr:`value`. Assigning to it sets the value, as
+        ``p.data = ...`` does in torch, except that the shape and dtype must stay."""
         return self.value
 
     @data.setter
@@ -247,6 +252,16 @@ class Parameter(StateRef):
 
     @property
     def grad(self) -> jax.Array | None:
+        """The parameter's gradient in a traced step; None outside a traced step.
+
+        Inside a step it exists after ``cstorch.backward(loss)``, in the calls that
+        consume gradients (``optimizer.step()``, gradient clipping), and in torch code
+        after ``loss.backward()``, where it is the torch tensor of the original torch
+        parameter's ``.grad``. Elsewhere in the step, and for a trainable parameter that
+        no optimizer holds, reading it raises :class:`~cerebrax.errors.StateError`. It is
+        None for a frozen parameter (``requires_grad=False``) and after ``zero_grad()``.
+        Assigning sets the gradient (None clears it), inside a traced step only.
+        """
         ctx = active_context()
         if ctx is None:
             return None

@@ -54,10 +54,14 @@ class DeferredValue:
         self._resolved = False
 
     def resolve(self, value: Any) -> None:
+        """Sets the result, once the call has run after the backward pass (cerebrax's
+        own machinery calls it)."""
         self._value, self._resolved = value, True
 
     @property
     def value(self) -> Any:
+        """The result of the call; before the call has run, it raises
+        :class:`~cerebrax.errors.StateError`."""
         if not self._resolved:
             raise StateError(
                 f"The result of {self.what} is only known after the backward pass. "

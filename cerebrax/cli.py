@@ -1,5 +1,7 @@
 """The ``cerebrax`` command: run a Model-Zoo-style YAML config with the cstorch loop.
 
+Usage::
+
     cerebrax fit      CONFIG.yaml [--checkpoint PATH | --no-resume | --overwrite]
                                   [--model_dir DIR] [key.path=value ...]
     cerebrax eval     CONFIG.yaml [--checkpoint PATH] [--model_dir DIR] [key.path=value ...]

@@ -4,8 +4,8 @@ A folder is a package directory (``cerebrax/wse``, ``torch_bridge/ops``); a modu
 in ``cerebrax/`` counts as its own folder (``cerebrax/_state.py``, ``cerebrax/trace.py``).
 The layers, from the bottom, are :data:`LAYERS`: a folder may import folders of its own
 layer or below, never above, and the folder graph has no cycle. Imports under
-``if TYPE_CHECKING:`` do not count; imports inside functions do. README.md's Layout
-section describes the same layers.
+``if TYPE_CHECKING:`` do not count; imports inside functions do. The Layout section of
+docs/development.md describes the same layers.
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def _layer_of(name: str) -> int:
     for index, layer in enumerate(LAYERS):
         if name in layer:
             return index
-    raise AssertionError(f"folder {name!r} is in no layer: add it to LAYERS (and README).")
+    raise AssertionError(
+        f"folder {name!r} is in no layer: add it to LAYERS (and docs/development.md).")
 
 
 def test_every_folder_has_a_layer():

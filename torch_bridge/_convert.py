@@ -317,10 +317,28 @@ def convert(module: torch.nn.Module, example_inputs: Any = None, train: bool = F
         graph cannot hold; the message names the source line.
 
     Example:
-      >>> loss_fn = convert(torch.nn.CrossEntropyLoss())
-      >>> loss = loss_fn(logits, labels)  # JAX arrays in, JAX array out
-      >>> lm = convert(gpt2, example_kwargs={"input_ids": ids, "labels": ids})
-      >>> lm(input_ids=ids, labels=ids).loss
+      >>> import torch_bridge
+      >>> linear = torch_bridge.convert(torch.nn.Linear(3, 2))
+      >>> linear
+      Converted(Linear, 2 parameters, 8 values, 0 buffers, eval mode)
+      >>> def loss(params, x):                   # apply is pure: jit it, differentiate it
+      ...     outputs, new_buffers = linear.apply(params, linear.buffers, x)
+      ...     return (outputs**2).sum()
+      >>> grads = jax.grad(loss)(linear.params, jnp.ones((4, 3)))
+      >>> {name: g.shape for name, g in grads.items()}   # the state dict's names
+      {'bias': (2,), 'weight': (2, 3)}
+      >>> loss_fn = torch_bridge.convert(torch.nn.CrossEntropyLoss())
+      >>> logits, labels = jnp.array([[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]]), jnp.array([0, 1])
+      >>> loss_fn(logits, labels)                # JAX arrays in, JAX array out
+      Array(0.1323..., dtype=float32)
+      >>> loss_fn(input=logits, target=labels)   # keyword inputs, as the forward names them
+      Array(0.1323..., dtype=float32)
+
+      A Hugging Face language model (``transformers``) takes its usual keyword inputs
+      and returns its ``ModelOutput``, holding JAX arrays::
+
+          lm = torch_bridge.convert(gpt2, example_kwargs={"input_ids": ids, "labels": ids})
+          lm(input_ids=ids, labels=ids).loss
     """
     converted = Converted(module, train=train)
     if example_inputs is not None or example_kwargs is not None:

@@ -136,6 +136,8 @@ class Program:
 
     @property
     def needs_key(self) -> bool:
+        """Whether the graph draws random numbers (dropout, ``torch.rand``...): then
+        :meth:`run` needs a JAX PRNG key."""
         return bool(self.random_nodes)
 
     def run(

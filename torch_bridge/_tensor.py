@@ -175,12 +175,17 @@ class JaxTensor(torch.Tensor):
                         "pass it to a step closure to get a plain torch tensor.")
 
     def numpy(self, *, force: bool = False) -> Any:
+        """The value as a numpy array; outside a compiled step only (inside, the value
+        is a tracer: read it in a step closure)."""
         import numpy as np
 
         return np.asarray(self._jax)  # reads the value (an error on a tracer)
 
     def backward(self, gradient: Any = None, retain_graph: Any = None,
                  create_graph: bool = False, inputs: Any = None) -> None:
+        """Marks this scalar loss for differentiation with respect to the optimizers'
+        parameters, inside a compiled step; ``gradient``, ``create_graph`` and
+        ``inputs`` are refused (``retain_graph`` is accepted and has no effect)."""
         if gradient is not None or create_graph or inputs is not None:
             raise UnsupportedOpError(
                 "tensor.backward() in a compiled step takes no gradient, create_graph or "

@@ -348,6 +348,13 @@ class GradScaler:
                 "num_skipped_steps": int(values["num_skipped_steps"])}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores the scaler state from :meth:`state_dict`'s dict.
+
+        Keys the scaler does not hold are ignored and missing ones keep their values
+        (a missing ``non_clamped_loss_scale`` takes the loaded ``loss_scale``). An empty
+        dict (a scaler saved where scaling was inactive) loads nothing, where an enabled
+        torch ``GradScaler`` raises.
+        """
         if not state_dict:
             return
         current = dict(self._state.stored)

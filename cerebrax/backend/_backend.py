@@ -140,14 +140,17 @@ class Backend:
 
     @property
     def is_cpu(self) -> bool:
+        """Whether this is a CPU backend."""
         return self.backend_type == "CPU"
 
     @property
     def is_gpu(self) -> bool:
+        """Whether this is a GPU backend."""
         return self.backend_type == "GPU"
 
     @property
     def is_csx(self) -> bool:
+        """Whether this is a CSX backend (one device, or a wafer mesh of several)."""
         return self.backend_type == "CSX"
 
     @property

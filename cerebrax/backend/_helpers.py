@@ -44,8 +44,11 @@ def full(shape: int | Sequence[int], value: float, dtype: Any = None) -> Any:
     JAX array when ``dtype`` is a numpy / JAX dtype or name (or torch is missing).
 
     Example:
-      >>> cstorch.full((2, 3), 0.5).shape                  # doctest: +SKIP
-      torch.Size([2, 3])
+      >>> cstorch.full((2, 3), 0.5)                        # a torch tensor
+      tensor([[0.5000, 0.5000, 0.5000],
+              [0.5000, 0.5000, 0.5000]])
+      >>> cstorch.full(3, 7, dtype=jnp.int32)              # a JAX dtype: a JAX array
+      Array([7, 7, 7], dtype=int32)
     """
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     torch = _torch()

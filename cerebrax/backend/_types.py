@@ -30,14 +30,17 @@ class BackendType(enum.Enum):
 
     @property
     def is_cpu(self) -> bool:
+        """Whether this is ``BackendType.CPU``."""
         return self is BackendType.CPU
 
     @property
     def is_gpu(self) -> bool:
+        """Whether this is ``BackendType.GPU``."""
         return self is BackendType.GPU
 
     @property
     def is_csx(self) -> bool:
+        """Whether this is ``BackendType.CSX``."""
         return self is BackendType.CSX
 
 

@@ -44,6 +44,7 @@ import numpy as np
 
 from cerebrax.errors import CheckpointError
 
+#: The version of the H5 checkpoint format ``save`` writes (``load`` reads 1.0 and 1.1).
 FORMAT_VERSION = "1.1"
 READABLE_VERSIONS = ((1, 0), (1, 1))
 SEALED_SINCE = (1, 1)  # files of this version on end with a seal (see _seal.py)

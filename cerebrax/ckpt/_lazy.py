@@ -206,22 +206,27 @@ class LazyArray(np.lib.mixins.NDArrayOperatorsMixin):
     # ---- metadata, no read
     @property
     def shape(self) -> tuple[int, ...]:
+        """The array's shape."""
         return self.info.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The array's numpy dtype (``ml_dtypes.bfloat16`` for bfloat16)."""
         return logical_dtype(self.info.dtype)
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.info.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return int(np.prod(self.info.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
+        """The bytes the array takes in memory once read (``size * dtype.itemsize``)."""
         return self.size * self.dtype.itemsize
 
     @property
@@ -231,6 +236,7 @@ class LazyArray(np.lib.mixins.NDArrayOperatorsMixin):
 
     @property
     def filename(self) -> str:
+        """The path of the checkpoint file the array is read from."""
         return self._source.path
 
     # ---- reading

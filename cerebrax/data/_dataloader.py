@@ -73,8 +73,11 @@ def compute_num_steps(
       ``grad_accum_steps``) when none is.
 
     Example:
-      >>> compute_num_steps(10, num_epochs=3, max_steps=25)
+      >>> from cerebrax.utils.data import compute_num_steps
+      >>> compute_num_steps(10, num_epochs=3, max_steps=25)  # min(3 epochs x 10, 25)
       25
+      >>> compute_num_steps(10, num_epochs=3, grad_accum_steps=2)  # 3 x (10 // 2)
+      15
     """
     for name, value in (("num_steps", num_steps), ("max_steps", max_steps),
                         ("num_epochs", num_epochs), ("steps_per_epoch", steps_per_epoch),
@@ -198,6 +201,7 @@ class DataLoader:
 
     Example:
       >>> import numpy as np
+      >>> from cerebrax.utils.data import DataLoader
       >>> loader = DataLoader(lambda n: [np.full((2,), i) for i in range(n)], 3, num_epochs=2)
       >>> len(loader), [int(batch[0]) for batch in loader]
       (6, [0, 1, 2, 0, 1, 2])
@@ -283,6 +287,12 @@ class DataLoader:
 
     @property
     def num_steps(self) -> int:
+        """The steps a loop over the loader runs (also ``len(loader)``):
+        :func:`compute_num_steps` of the iterable's length and the ``num_steps``,
+        ``max_steps``, ``num_epochs`` and ``steps_per_epoch`` the loader was given.
+
+        It builds the iterable (calls ``input_fn``) if that has not happened yet.
+        """
         return compute_num_steps(self.source_length(), **self._counts)
 
     def __len__(self) -> int:

@@ -132,14 +132,17 @@ class DataExecutor:
     # ---- step classification -----------------------------------------------------------
     @property
     def user_iteration(self) -> int:
+        """The current step, counted from 1 (``iteration + 1``)."""
         return self.iteration + 1
 
     @property
     def is_initial_step(self) -> bool:
+        """Whether the current step is the first one."""
         return self.iteration == 0
 
     @property
     def on_final_iteration(self) -> bool:
+        """Whether the current step is the last one."""
         return self.iteration == self.num_steps - 1
 
     def is_checkpoint_step(self, step: int | None = None) -> bool:
@@ -153,6 +156,8 @@ class DataExecutor:
         return k > 0 and (step + 1) % k == 0
 
     def is_activation_step(self, step: int | None = None) -> bool:
+        """Whether 0-based ``step`` (default: the current one) is an activation step:
+        one with ``(step + 1) % activation_steps == 0``, or the final step."""
         step = self.iteration if step is None else step
         return step == self.num_steps - 1 or (step + 1) % self.activation_steps == 0
 

@@ -41,9 +41,10 @@ class RateTracker:
       clock: returns the time in seconds.
 
     Example:
-      >>> now = [0.0]
+      >>> from cerebrax.data import RateTracker
+      >>> now = [0.0]                                  # a fake clock, in seconds
       >>> tracker = RateTracker(clock=lambda: now[0])
-      >>> for _ in range(4):
+      >>> for _ in range(4):                           # 8 samples every 0.5 s
       ...     now[0] += 0.5
       ...     tracker.add(8)
       >>> tracker.rate, tracker.global_rate
@@ -108,6 +109,16 @@ class Profiler:
       activities: cstorch's ``profiler_activities`` (host activities of a Cerebras
         appliance); cerebrax has none to profile and records them only.
       clock: the clock of :attr:`rate_tracker`.
+
+    Example:
+      >>> from cerebrax.utils.data import DataExecutor, DataLoader
+      >>> loader = DataLoader(lambda: [np.ones((4, 3), np.float32)], num_steps=5)
+      >>> executor = DataExecutor(loader)
+      >>> for batch in executor:
+      ...     pass
+      >>> metrics = executor.profiler.perf_metrics     # 5 steps of 4 samples
+      >>> metrics["total_samples"], sorted(metrics)
+      (20, ['global_rate', 'rate', 'total_samples', 'total_time'])
     """
 
     def __init__(self, activities: Any = None, *, clock: Callable[[], float] = time.perf_counter):
@@ -120,6 +131,11 @@ class Profiler:
         self._first = True
 
     def step_done(self, samples: int) -> None:
+        """Counts a step of ``samples`` samples (batch rows) as done now.
+
+        The first step after :meth:`start` restarts the clock instead: its samples
+        count in the total, not in the rates.
+        """
         if getattr(self, "_first", False):
             # The first step is counted as soon as it is dispatched, no measurable time
             # after the clock started: its samples start the clock (they count in the

@@ -46,8 +46,9 @@ class DistributedSampler:
         it.
 
     Example:
+      >>> from cerebrax.utils.data import DistributedSampler
       >>> sampler = DistributedSampler(range(10), num_replicas=3, rank=1, shuffle=False)
-      >>> list(sampler), len(sampler)
+      >>> list(sampler), len(sampler)              # 10 indices padded to 12 with index 0
       ([1, 4, 7, 0], 4)
     """
 

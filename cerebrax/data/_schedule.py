@@ -70,9 +70,13 @@ class Schedule:
       intervals: ``Schedule.Range`` objects, sorted and not overlapping.
 
     Example:
+      >>> from cerebrax.utils.data import Schedule
       >>> schedule = Schedule([Schedule.Range(0, 10, 5), Schedule.Range(10, 13)])
       >>> list(schedule), schedule.match(5), schedule.match(6)
       ([0, 5, 10, 11, 12], True, False)
+      >>> every_4th = Schedule([Schedule.Range(3, 10, 4, include_last=True)])
+      >>> list(every_4th)                  # checkpoint_steps=4 over 10 steps
+      [3, 7, 9]
     """
 
     Range = _Range

@@ -243,9 +243,13 @@ class RestartableDataLoader(Protocol):
     rank; a None state is not loaded).
     """
 
-    def state_dict(self) -> Any: ...
+    def state_dict(self) -> Any:
+        """The object's position after the last batch it yielded; the DataLoader calls
+        it after every batch it streams and keeps a deep copy."""
 
-    def load_state_dict(self, state_dict: Any) -> Any: ...
+    def load_state_dict(self, state_dict: Any) -> Any:
+        """Restores a position :meth:`state_dict` returned, before the iteration that
+        resumes from it."""
 
 
 @dataclasses.dataclass(frozen=True)

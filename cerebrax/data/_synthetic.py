@@ -37,9 +37,14 @@ class SyntheticDataset(torch.utils.data.IterableDataset):
         dataset has no ``len``: give the DataLoader a number of steps).
 
     Example:
+      >>> from cerebrax.utils.data import SyntheticDataset
       >>> spec = {"x": torch.zeros(3), "y": lambda i: torch.tensor(i)}
       >>> [sample["y"].item() for sample in SyntheticDataset(spec, num_samples=3)]
       [0, 1, 2]
+      >>> loader = torch.utils.data.DataLoader(SyntheticDataset(spec, num_samples=4), batch_size=2)
+      >>> batch = next(iter(loader))
+      >>> batch["x"].shape, batch["y"]
+      (torch.Size([2, 3]), tensor([0, 1]))
     """
 
     def __init__(self, sample_spec: Any, num_samples: int | None = None):

@@ -9,6 +9,8 @@ import shutil
 
 __all__ = ["WORKER_CACHE_ROOT", "hit_worker_cache_limit"]
 
+#: Where workers cache copies of input files (``$CEREBRAX_WORKER_CACHE``, by default
+#: ``~/.cache/cerebrax/worker_cache``).
 WORKER_CACHE_ROOT: str = os.path.abspath(os.environ.get(
     "CEREBRAX_WORKER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "cerebrax",
                                           "worker_cache")))

@@ -43,6 +43,8 @@ class ClusterSpec:
 
     @property
     def num_tasks(self) -> int:
+        """The number of streaming workers (``len(tasks)``); unlike
+        :func:`cerebrax.distributed.num_tasks`, it does not count the user node."""
         return len(self.tasks)
 
 

@@ -78,10 +78,24 @@ class Estimator:
     :mod:`cerebrax.estimator._input` for the rules and their messages).
 
     Example:
+      >>> from cerebrax.estimator import Estimator, EstimatorSpec
+      >>> model = cstorch.compile(cstorch.FunctionalModel(
+      ...     lambda p, x: x @ p["w"] + p["b"], {"w": jnp.zeros((4, 2)), "b": jnp.zeros(2)}))
+      >>> optimizer = cstorch.optim.SGD(model.parameters(), lr=0.5)
+      >>> def model_fn(features, labels, mode, params):
+      ...     logits = model(features)
+      ...     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+      ...     return EstimatorSpec(mode, loss=loss, optimizer=optimizer)
+      >>> def input_fn(params):  # 10 batches: is the first feature positive?
+      ...     x = np.random.default_rng(0).normal(size=(10, params["batch_size"], 4))
+      ...     return [(xb.astype(np.float32), (xb[:, 0] > 0).astype(np.int32)) for xb in x]
       >>> estimator = Estimator(model_fn, model_dir="run", params={"batch_size": 32})
-      >>> estimator.train(input_fn, steps=100)
+      >>> estimator.train(input_fn, steps=10).global_step
+      10
+      >>> estimator.latest_checkpoint()
+      '.../run/checkpoint_10.mdl'
       >>> estimator.evaluate(input_fn, steps=10)
-      {'loss': 0.41, 'global_step': 100}
+      {'loss': 0.256..., 'global_step': 10}
     """
 
     def __init__(self, model_fn: Callable[..., EstimatorSpec], model_dir: str | None = None,

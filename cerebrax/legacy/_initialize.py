@@ -28,8 +28,11 @@ def initialize(cs_ip: str | None = None, *, backend_type: str | None = None,
       and no options returns the existing backend.
 
     Example:
+      >>> import cerebrax.legacy as cbtorch
       >>> cbtorch.initialize()            # a CPU run
-      Backend('CPU', device=TFRT_CPU_0)
+      Backend('CPU', device=...)
+      >>> cbtorch.initialize() is cbtorch.initialize()  # the same backend again
+      True
     """
     kind = (backend_type or ("CSX" if cs_ip else "CPU")).upper()
     existing = current_backend(raise_exception=False)

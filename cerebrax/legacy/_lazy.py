@@ -250,15 +250,20 @@ class LazyTensor:
         self._session._record_backward(self)
 
     def mean(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The mean over ``dim`` (all elements by default), recorded or computed."""
         return self._apply(_mean, "mean", (self,), {"dim": dim, "keepdim": keepdim})
 
     def sum(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The sum over ``dim`` (all elements by default), recorded or computed."""
         return self._apply(_sum, "sum", (self,), {"dim": dim, "keepdim": keepdim})
 
     def argmax(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The index of the largest element along ``dim`` (of the flattened value by
+        default), recorded or computed."""
         return self._apply(_argmax, "argmax", (self,), {"dim": dim, "keepdim": keepdim})
 
     def float(self) -> Any:
+        """The value as float32, recorded or computed."""
         return self._apply(_to_float, "float", (self,))
 
     def detach(self) -> Any:
@@ -266,6 +271,7 @@ class LazyTensor:
         return self
 
     def cpu(self) -> Any:
+        """The same value (values are read on the host anyway)."""
         return self
 
     def __getitem__(self, index: Any) -> Any:
@@ -303,24 +309,29 @@ class LazyTensor:
         return self._node.value
 
     def item(self) -> Any:
-        # Host sync point: waits for the step that computes this value.
+        """The value of a one-element tensor as a Python number; waits for its step."""
         return np.asarray(self.value).item()
 
     def numpy(self) -> np.ndarray:
+        """The value as a numpy array; waits for its step."""
         return np.asarray(self.value)
 
     def tolist(self) -> Any:
+        """The value as (nested) Python lists; waits for its step."""
         return np.asarray(self.value).tolist()
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The value's shape; waits for its step."""
         return tuple(np.shape(self.value))
 
     @property
     def dtype(self) -> Any:
+        """The value's dtype; waits for its step."""
         return self.value.dtype
 
     def size(self, dim: int | None = None) -> Any:
+        """The shape, or its size along ``dim``, as torch's ``Tensor.size``."""
         return self.shape if dim is None else self.shape[dim]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:

@@ -38,14 +38,17 @@ class LegacyModule:
         return session._record_model_call(self, args, kwargs)
 
     def train(self, mode: bool = True) -> LegacyModule:
+        """Sets train (``mode=True``) or eval mode of the compiled model; returns self."""
         self.compiled.train(mode)
         return self
 
     def eval(self) -> LegacyModule:
+        """Sets eval mode; returns self."""
         return self.train(False)
 
     @property
     def training(self) -> bool:
+        """Whether the model is in train mode."""
         return self.compiled.training
 
     def parameters(self) -> list:
@@ -58,6 +61,7 @@ class LegacyModule:
         return self.compiled.parameters()
 
     def named_parameters(self) -> Any:
+        """``(name, parameter)`` pairs of the same parameters :meth:`parameters` gives."""
         original = self.compiled.model
         if is_torch_module(original):
             return original.named_parameters()
@@ -88,8 +92,11 @@ def module(model: Any, backend: Any = None) -> LegacyModule:
       the original torch module's).
 
     Example:
-      >>> model = cbtorch.module(cstorch.FunctionalModel(apply, params))
+      >>> import cerebrax.legacy as cbtorch
+      >>> model = cbtorch.module(torch.nn.Linear(4, 2))
       >>> optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+      >>> model
+      cbtorch.module(CompiledModel(Linear, 2 parameters, 10 values, backend=CPU))
     """
     if isinstance(model, LegacyModule):
         raise ConfigError("cbtorch.module() got a model that is already wrapped by it.")

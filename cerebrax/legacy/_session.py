@@ -157,6 +157,7 @@ class Session:
 
     @property
     def num_compiles(self) -> int:
+        """How many programs the Session built (1 for a well-formed loop)."""
         return sum(step.num_compiles for step in self._steps)
 
     # ---- the block ---------------------------------------------------------------------

@@ -32,14 +32,32 @@ class ModelAdapter(abc.ABC):
     is_torch: bool = False
 
     @abc.abstractmethod
-    def params(self) -> dict[str, Any]: ...
+    def params(self) -> dict[str, Any]:
+        """The model's parameters: ``{state-dict name: initial array}`` (JAX, numpy or
+        torch arrays), in the order ``CompiledModel.parameters()`` lists them."""
 
     @abc.abstractmethod
-    def buffers(self) -> dict[str, Any]: ...
+    def buffers(self) -> dict[str, Any]:
+        """The model's buffers (state that is not trained, e.g. batch-norm statistics):
+        ``{state-dict name: initial array}``, empty when it has none."""
 
     @abc.abstractmethod
     def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
-              train: bool, key: jax.Array | None) -> tuple[Any, dict]: ...
+              train: bool, key: jax.Array | None) -> tuple[Any, dict]:
+        """Runs the model on ``params`` and ``buffers`` as a pure function (it is traced).
+
+        Args:
+          params: ``{name: value}`` with the names of :meth:`params`.
+          buffers: ``{name: value}`` with the names of :meth:`buffers`.
+          args: the call's positional inputs, as JAX values.
+          kwargs: the call's keyword inputs, as JAX values.
+          train: whether the model is in train mode.
+          key: this call's ``jax.random`` key when :attr:`needs_key`, else None.
+
+        Returns:
+          ``(outputs, new_buffers)``: the outputs, a JAX pytree (see :meth:`outputs`),
+          and the buffers' new values by name.
+        """
 
     def initial_key(self) -> jax.Array:
         """The model's first ``jax.random`` key (when :attr:`needs_key`); split per call."""

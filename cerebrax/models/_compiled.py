@@ -10,9 +10,8 @@ of models ``compile`` accepts are adapters behind one seam, :class:`ModelAdapter
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +87,13 @@ def resolve_parameter(obj: Any) -> _state.Parameter | None:
     return p
 
 
-IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+class IncompatibleKeys(NamedTuple):
+    """What :meth:`CompiledModel.load_state_dict` returns, as torch's: the model's
+    state-dict names the state dict lacked (``missing_keys``) and its names the model
+    does not have (``unexpected_keys``)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 
 class CompiledModel:
@@ -125,15 +130,30 @@ class CompiledModel:
 
     # ---- torch.nn.Module-like surface ---------------------------------------------------
     def parameters(self) -> list[_state.Parameter]:
+        """The model's parameters (:class:`~cerebrax.Parameter`), frozen ones included.
+
+        Unlike torch's ``parameters()`` it returns a list, not a generator, and takes no
+        ``recurse`` argument; a tied weight appears once, as in torch.
+        """
         return list(self._params.values())
 
     def named_parameters(self) -> Iterator[tuple[str, _state.Parameter]]:
+        """An iterator of ``(state-dict name, parameter)`` pairs, as :meth:`parameters`
+        lists them. Unlike torch's it takes no arguments (``prefix``, ``recurse``,
+        ``remove_duplicate``)."""
         return iter(self._params.items())
 
     def buffers(self) -> list[_state.StateRef]:
+        """The model's buffers (non-trained state, e.g. batch-norm statistics).
+
+        Unlike torch's ``buffers()`` it returns a list, not a generator, of state slots
+        (:class:`~cerebrax._state.StateRef`: read a buffer with ``b.value``), not tensors.
+        """
         return list(self._buffers.values())
 
     def named_buffers(self) -> Iterator[tuple[str, _state.StateRef]]:
+        """An iterator of ``(state-dict name, buffer slot)`` pairs, as :meth:`buffers`
+        lists them. Unlike torch's it takes no arguments."""
         return iter(self._buffers.items())
 
     @property
@@ -148,10 +168,17 @@ class CompiledModel:
         self._adapter.set_training(bool(mode))
 
     def train(self, mode: bool = True) -> CompiledModel:
+        """Sets train mode (``mode=True``) or eval mode and returns the model, as torch's.
+
+        A torch model's own ``train(mode)`` runs too. The mode is part of a traced step's
+        graph: a step compiled in one mode raises :class:`~cerebrax.errors.RecompileError`
+        when called in the other.
+        """
         self.training = bool(mode)
         return self
 
     def eval(self) -> CompiledModel:
+        """Sets eval mode and returns the model (``train(False)``)."""
         return self.train(False)
 
     def _slots(self) -> dict[str, _state.StateRef]:

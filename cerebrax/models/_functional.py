@@ -48,10 +48,15 @@ class FunctionalModel:
     Example:
       >>> def apply(params, x):
       ...     return x @ params["w"] + params["b"]
-      >>> model = FunctionalModel(apply, {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)})
+      >>> model = cstorch.FunctionalModel(apply, {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)})
+      >>> compiled = cstorch.compile(model, "CPU")
+      >>> compiled(jnp.ones((1, 3)))
+      Array([[3., 3.]], dtype=float32)
       >>> dense = lambda p, x: jnp.tanh(x @ p["w"])
-      >>> deep = FunctionalModel(layers={"fc1": (dense, {"w": jnp.zeros((3, 4))}),
-      ...                                "fc2": (dense, {"w": jnp.zeros((4, 2))})})
+      >>> deep = cstorch.FunctionalModel(layers={"fc1": (dense, {"w": jnp.zeros((3, 4))}),
+      ...                                        "fc2": (dense, {"w": jnp.zeros((4, 2))})})
+      >>> list(cstorch.compile(deep, "CPU").state_dict())
+      ['fc1.w', 'fc2.w']
     """
 
     def __init__(self, apply_fn: Callable[..., Any] | None = None, params: Any = None,

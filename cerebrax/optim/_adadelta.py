@@ -26,7 +26,18 @@ class Adadelta(AdaptiveLayout):
     and ``capturable`` are accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Adadelta(compiled.parameters(), lr=1.0, rho=0.9)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.Adadelta's state of the weight
+      ['acc_delta', 'square_avg', 'step']
     """
 
     _static_hyperparameters = ("rho",)

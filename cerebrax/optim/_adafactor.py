@@ -87,7 +87,19 @@ class Adafactor(OptaxOptimizer):
       ``eps[0]`` and decays weights by ``lr * weight_decay``.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Adafactor(compiled.parameters(), lr=1e-2)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> state = optimizer.state_dict()["state"]
+      >>> sorted(state[0]), sorted(state[1])  # the weight's factored state, the bias's full one
+      (['col_var', 'row_var', 'step'], ['step', 'variance'])
     """
 
     _static_hyperparameters = ("eps",)

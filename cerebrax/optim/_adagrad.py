@@ -30,7 +30,18 @@ class Adagrad(AdaptiveLayout):
     rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Adagrad(compiled.parameters(), lr=1e-2)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.Adagrad's state of the weight
+      ['step', 'sum']
     """
 
     _static_hyperparameters = ("initial_accumulator_value",)

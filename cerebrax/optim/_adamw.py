@@ -26,7 +26,18 @@ class AdamW(Adam):
     rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.AdamW(compiled.parameters(), lr=1e-3, weight_decay=0.01)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.AdamW's state of the weight
+      ['exp_avg', 'exp_avg_sq', 'step']
     """
 
     _factory = staticmethod(adamw)

@@ -27,7 +27,18 @@ class ASGD(AdaptiveLayout):
     ``capturable`` are accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.ASGD(compiled.parameters(), lr=1e-2, t0=100)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.ASGD's state of the weight
+      ['ax', 'eta', 'mu', 'step']
     """
 
     _static_hyperparameters = ("lambd", "alpha", "t0")

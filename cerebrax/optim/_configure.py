@@ -69,8 +69,19 @@ def configure_optimizer(optimizer_type: str, params: Any, **kwargs: Any) -> Opti
     them; keys the optimizer does not take are dropped with a warning.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.configure_optimizer(
       ...     "SGD", compiled.parameters(), learning_rate=0.1, momentum=0.9)
+      >>> optimizer
+      SGD (
+      Parameter Group 0
+          dampening: 0
+          lr: 0.1
+          maximize: False
+          momentum: 0.9
+          nesterov: False
+          weight_decay: 0
+      )
     """
     table = _concrete_subclasses(Optimizer)
     cls = table.get(str(optimizer_type).lower())

@@ -82,7 +82,18 @@ class Lamb(_MomentStateMapping, OptaxOptimizer):
     ``exp_avg_sq`` per parameter.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Lamb(compiled.parameters(), lr=1e-3, weight_decay=0.01)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # the weight's state
+      ['exp_avg', 'exp_avg_sq']
     """
 
     _static_hyperparameters = ("betas",)
@@ -126,7 +137,18 @@ class Lion(_MomentStateMapping, OptaxOptimizer):
     holds ``exp_avg`` per parameter.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Lion(compiled.parameters(), lr=1e-4, weight_decay=0.1)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # the weight's state
+      ['exp_avg']
     """
 
     _static_hyperparameters = ("betas",)

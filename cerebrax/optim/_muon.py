@@ -34,7 +34,18 @@ class Muon(OptaxOptimizer):
     The state dict holds ``momentum_buffer`` per parameter, as ``torch.optim.Muon``'s.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Muon(compiled.parameters(), lr=0.02)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.Muon's state of the weight
+      ['momentum_buffer']
     """
 
     _static_hyperparameters = ("ns_steps",)

@@ -27,7 +27,18 @@ class NAdam(AdamLayout):
     are accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.NAdam(compiled.parameters(), lr=2e-3)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.NAdam's state of the weight
+      ['exp_avg', 'exp_avg_sq', 'mu_product', 'step']
     """
 
     _static_hyperparameters = ("betas", "momentum_decay")

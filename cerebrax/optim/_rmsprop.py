@@ -28,7 +28,18 @@ class RMSprop(AdaptiveLayout):
     is rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.RMSprop(compiled.parameters(), lr=1e-2, momentum=0.9)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.RMSprop's state of the weight
+      ['momentum_buffer', 'square_avg', 'step']
     """
 
     _static_hyperparameters = ("alpha",)

@@ -28,7 +28,18 @@ class Rprop(AdaptiveLayout):
     accepted and ignored; ``differentiable=True`` is rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.Rprop(compiled.parameters(), lr=1e-2, etas=(0.5, 1.2))
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.Rprop's state of the weight
+      ['prev', 'step', 'step_size']
     """
 
     _state_type = RpropState

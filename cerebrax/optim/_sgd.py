@@ -25,7 +25,18 @@ class SGD(OptaxOptimizer):
     ``differentiable=True`` is rejected.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.9)
+      >>> @cstorch.trace
+      ... def train_step(inputs, targets):
+      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
+      ...     optimizer.zero_grad()
+      ...     loss.backward()
+      ...     optimizer.step()
+      ...     return loss
+      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> sorted(optimizer.state_dict()["state"][0])  # torch.optim.SGD's state of the weight
+      ['momentum_buffer']
     """
 
     _static_hyperparameters = ("dampening",)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +39,20 @@ __all__ = ["LRScheduler", "ParamGroupTags", "Schedule"]
 # ``param_group_tags``: a tag, or a list of tags; ``None`` in a list means untagged groups.
 ParamGroupTags = str | Iterable[str | None] | None
 
-# A closed form: ``schedule(step) -> lr``, for an integer step (a Python int, or an int32
-# array, traced or not) a float32 array of the step's shape.
-Schedule = Callable[[ArrayLike], jax.Array]
+
+class Schedule(Protocol):
+    """A closed-form schedule: ``schedule(step)`` is the value (e.g. the learning rate)
+    at an integer ``step`` (a Python int, or an int32 array, traced or not), a float32
+    array of the step's shape.
+
+    The functions of :mod:`cerebrax.schedules` (:func:`~cerebrax.schedules.linear`,
+    :func:`~cerebrax.schedules.cosine_decay`, ...) return one; any function of that
+    signature is one.
+    """
+
+    def __call__(self, step: ArrayLike, /) -> jax.Array:
+        """The value at ``step``."""
+
 
 MSG_ADOPTED = """\
 {name} is part of a {owner}, which owns the step counter and writes the param groups.
@@ -210,6 +221,9 @@ class LRScheduler(abc.ABC):
         return self.get_last_value()
 
     def get_lr(self) -> list[float | None]:
+        """The same as :meth:`get_last_lr`: the learning rates the last step wrote.
+        Unlike torch's ``get_lr``, it computes nothing and does not warn outside
+        ``step()``."""
         return self.get_last_value()
 
     @deferrable("LRScheduler.step()")

@@ -35,6 +35,7 @@ def sequential(schedules: Sequence[Schedule], milestones: Sequence[int]) -> Sche
     (torch's and cstorch's ``SequentialLR``: each schedule restarts from step 0).
 
     Example:
+      >>> from cerebrax.schedules import cosine_decay, linear, sequential
       >>> warmup_then_decay = sequential([linear(0.0, 1.0, 10), cosine_decay(1.0, 0.0, 90)], [10])
       >>> warmup_then_decay(jnp.array([5, 10, 100]))
       Array([0.5, 1. , 0. ], dtype=float32)
@@ -65,6 +66,7 @@ def chained(schedules: Sequence[Schedule], *,
     initial learning rate; by default their value at step 0).
 
     Example:
+      >>> from cerebrax.schedules import chained, constant, step_decay
       >>> chained([constant(0.1), step_decay(1.0, 10, 0.5)])(10)
       Array(0.05, dtype=float32)
     """
@@ -158,10 +160,18 @@ class SequentialLR(_ClosedFormScheduler):
     save and restore the ``SequentialLR`` only.
 
     Example:
-      >>> warmup = cstorch.optim.lr_scheduler.LinearLR(optimizer, 0.0, 0.1, total_iters=100)
-      >>> decay = cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, 0.1, 0.0, total_iters=900)
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1)
+      >>> warmup = cstorch.optim.lr_scheduler.LinearLR(optimizer, 0.0, 0.1, total_iters=2)
+      >>> decay = cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, 0.1, 0.0, total_iters=4)
       >>> scheduler = cstorch.optim.lr_scheduler.SequentialLR(
-      ...     optimizer, [warmup, decay], milestones=[100])
+      ...     optimizer, [warmup, decay], milestones=[2])
+      >>> lrs = []
+      >>> for _ in range(7):
+      ...     lrs.append(round(scheduler.get_last_lr()[0], 5))
+      ...     scheduler.step()
+      >>> lrs
+      [0.0, 0.05, 0.1, 0.08536, 0.05, 0.01464, 0.0]
     """
 
     def __init__(self, optimizer: Any, schedulers: Sequence[LRScheduler],
@@ -201,9 +211,17 @@ class ChainedScheduler(_ClosedFormScheduler):
     members are adopted: step, save and restore the ``ChainedScheduler`` only.
 
     Example:
-      >>> base = cstorch.optim.lr_scheduler.PiecewiseConstantLR(optimizer, [0.01, 0.1], [5])
-      >>> decay = cstorch.optim.lr_scheduler.ExponentialLR(optimizer, 1.0, 1, 0.99)
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1)
+      >>> base = cstorch.optim.lr_scheduler.PiecewiseConstantLR(optimizer, [0.1, 0.01], [2])
+      >>> decay = cstorch.optim.lr_scheduler.ExponentialLR(optimizer, 1.0, 1, 0.5)
       >>> scheduler = cstorch.optim.lr_scheduler.ChainedScheduler([base, decay])
+      >>> lrs = []
+      >>> for _ in range(4):
+      ...     lrs.append(round(scheduler.get_last_lr()[0], 5))
+      ...     scheduler.step()
+      >>> lrs
+      [0.1, 0.05, 0.0025, 0.00125]
     """
 
     def __init__(self, schedulers: Sequence[LRScheduler],
@@ -247,10 +265,15 @@ class ScalePerParamLR(_ClosedFormScheduler):
     restore the wrapper only. It must have the wrapper's ``param_group_tags``.
 
     Example:
-      >>> optimizer = cstorch.optim.AdamW(
-      ...     [{"params": hidden, "adjust_learning_rate": 0.25}, {"params": others}])
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> params = dict(compiled.named_parameters())
+      >>> optimizer = cstorch.optim.AdamW([
+      ...     {"params": [params["weight"]], "adjust_learning_rate": 0.25},
+      ...     {"params": [params["bias"]]}])
       >>> scheduler = cstorch.optim.lr_scheduler.ScalePerParamLR(
       ...     optimizer, cstorch.optim.lr_scheduler.CosineDecayLR(optimizer, 1e-3, 0.0, 1000))
+      >>> [round(group["lr"], 5) for group in optimizer.param_groups]
+      [0.00025, 0.001]
     """
 
     def __init__(self, optimizer: Any, scheduler: LRScheduler,

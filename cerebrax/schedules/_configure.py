@@ -70,6 +70,8 @@ def configure_lr_scheduler(optimizer: Any, learning_rate: Any,
       The scheduler, or ``None`` for a falsy ``learning_rate``.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1)
       >>> scheduler = cstorch.optim.configure_lr_scheduler(optimizer, [
       ...     {"scheduler": "Linear", "initial_learning_rate": 0.0,
       ...      "end_learning_rate": 0.1, "total_iters": 10},

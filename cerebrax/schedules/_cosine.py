@@ -33,6 +33,7 @@ def cosine_decay(initial_learning_rate: float, end_learning_rate: float,
     """``end + (init - end) * (1 + cos(pi * min(t, T) / T)) / 2``.
 
     Example:
+      >>> from cerebrax.schedules import cosine_decay
       >>> cosine_decay(1.0, 0.0, 10)(10)
       Array(0., dtype=float32)
     """
@@ -54,6 +55,7 @@ def cosine_annealing(initial_learning_rate: float, T_max: int,  # noqa: N803
     (period ``2 T_max``) like torch's ``CosineAnnealingLR``.
 
     Example:
+      >>> from cerebrax.schedules import cosine_annealing
       >>> cosine_annealing(1.0, 10)(30)
       Array(0., dtype=float32)
     """
@@ -93,6 +95,7 @@ def cosine_annealing_warm_restarts(initial_learning_rate: float, T_0: int,  # no
     with ``T_cur`` the steps since the cycle began (``t mod T_0`` when ``T_mult == 1``).
 
     Example:
+      >>> from cerebrax.schedules import cosine_annealing_warm_restarts
       >>> restarts = cosine_annealing_warm_restarts(1.0, 10, T_mult=2)
       >>> restarts(jnp.array([0, 10, 30]))  # the restarts: cycles of 10, 20, 40 steps
       Array([1., 1., 1.], dtype=float32)

@@ -37,6 +37,7 @@ def cyclic(base_lr: float, max_lr: float, step_size_up: int = 2000,
     mode decides ``scale_mode``; the argument is accepted and checked only.
 
     Example:
+      >>> from cerebrax.schedules import cyclic
       >>> cyclic(0.1, 1.0, step_size_up=4)(2)
       Array(0.55, dtype=float32)
     """
@@ -78,6 +79,7 @@ def one_cycle(initial_learning_rate: float, max_lr: float, total_steps: int = 10
     cosine's phase, so the rate there is only known to stay within the phase's range.
 
     Example:
+      >>> from cerebrax.schedules import one_cycle
       >>> one_cycle(0.1, 1.0, total_steps=10, pct_start=0.5, anneal_strategy="linear")(4)
       Array(1., dtype=float32)
     """

@@ -30,6 +30,7 @@ def exponential(initial_learning_rate: float, total_iters: int, decay_rate: floa
     """``init * decay_rate ** (t / T)`` (``floor(t / T)`` with ``staircase``); no clamp.
 
     Example:
+      >>> from cerebrax.schedules import exponential
       >>> exponential(1.0, 10, 0.5)(10)
       Array(0.5, dtype=float32)
     """
@@ -56,6 +57,7 @@ def inverse_exponential_time_decay(initial_learning_rate: float, step_exponent: 
     ``staircase``; exactly for ``step_exponent == 1``, in float32 otherwise).
 
     Example:
+      >>> from cerebrax.schedules import inverse_exponential_time_decay
       >>> inverse_exponential_time_decay(1.0, 1, 10, 1.0)(10)
       Array(0.5, dtype=float32)
     """
@@ -84,6 +86,7 @@ def inverse_square_root_decay(initial_learning_rate: float = 1.0, scale: float =
     """``init * scale / sqrt(max(t, warmup_steps))``.
 
     Example:
+      >>> from cerebrax.schedules import inverse_square_root_decay
       >>> inverse_square_root_decay(1.0, 2.0, 4)(16)
       Array(0.5, dtype=float32)
     """

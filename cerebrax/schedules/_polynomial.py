@@ -39,6 +39,7 @@ def polynomial(initial_learning_rate: float, end_learning_rate: float, total_ite
     """``end + (init - end) * (1 - t / T) ** power`` for ``t < T``, then ``end``.
 
     Example:
+      >>> from cerebrax.schedules import polynomial
       >>> polynomial(1.0, 0.0, 4, power=2.0)(2)
       Array(0.25, dtype=float32)
     """
@@ -64,6 +65,7 @@ def linear(initial_learning_rate: float, end_learning_rate: float, total_iters: 
     """``init + (end - init) * min(t, T) / T``: a line, then ``end``.
 
     Example:
+      >>> from cerebrax.schedules import linear
       >>> linear(0.1, 0.0, 10)(5)
       Array(0.05, dtype=float32)
     """

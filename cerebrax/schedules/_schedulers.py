@@ -77,8 +77,16 @@ class LinearLR(PolynomialLR):
     ``LinearLR(start_factor, end_factor)`` is ``lr * start_factor -> lr * end_factor``).
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1)
       >>> scheduler = cstorch.optim.lr_scheduler.LinearLR(
-      ...     optimizer, initial_learning_rate=0.1, end_learning_rate=0.0, total_iters=100)
+      ...     optimizer, initial_learning_rate=0.1, end_learning_rate=0.0, total_iters=4)
+      >>> lrs = []
+      >>> for _ in range(6):
+      ...     lrs.append(round(scheduler.get_last_lr()[0], 5))
+      ...     scheduler.step()
+      >>> lrs
+      [0.1, 0.075, 0.05, 0.025, 0.0, 0.0]
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,
@@ -228,8 +236,16 @@ class PiecewiseConstantLR(_ClosedFormScheduler):
     """``learning_rates[k]`` where ``k`` is the number of milestones ``<= t``.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1)
       >>> scheduler = cstorch.optim.lr_scheduler.PiecewiseConstantLR(
-      ...     optimizer, learning_rates=[0.1, 0.01, 0.001], milestones=[1000, 2000])
+      ...     optimizer, learning_rates=[0.1, 0.01, 0.001], milestones=[2, 4])
+      >>> lrs = []
+      >>> for _ in range(6):
+      ...     lrs.append(round(scheduler.get_last_lr()[0], 5))
+      ...     scheduler.step()
+      >>> lrs
+      [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
     """
 
     def __init__(self, optimizer: Any, learning_rates: Sequence[float],
@@ -255,8 +271,16 @@ class LambdaLR(_ClosedFormScheduler):
     cstorch expects subclasses to override :meth:`set_value_lambda`, which works here too.
 
     Example:
+      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1)
       >>> scheduler = cstorch.optim.lr_scheduler.LambdaLR(
-      ...     optimizer, 0.1, lr_lambda=lambda t: jnp.minimum(1.0, (t + 1) / 100))
+      ...     optimizer, 0.1, lr_lambda=lambda t: jnp.minimum(1.0, (t + 1) / 4))
+      >>> lrs = []
+      >>> for _ in range(6):
+      ...     lrs.append(round(scheduler.get_last_lr()[0], 5))
+      ...     scheduler.step()
+      >>> lrs
+      [0.025, 0.05, 0.075, 0.1, 0.1, 0.1]
     """
 
     def __init__(self, optimizer: Any, initial_learning_rate: float,

@@ -33,6 +33,7 @@ def step_decay(initial_learning_rate: float, step_size: int, gamma: float) -> Sc
     """``init * gamma ** floor(t / step_size)`` (torch's ``StepLR``).
 
     Example:
+      >>> from cerebrax.schedules import step_decay
       >>> step_decay(1.0, 10, 0.5)(25)
       Array(0.25, dtype=float32)
     """
@@ -61,6 +62,7 @@ def multi_step(initial_learning_rate: float, gamma: float, milestones: Sequence[
     """``init * gamma ** #{m in milestones : m <= t}`` (torch's ``MultiStepLR``).
 
     Example:
+      >>> from cerebrax.schedules import multi_step
       >>> multi_step(1.0, 0.1, [2, 4])(3)
       Array(0.1, dtype=float32)
     """
@@ -74,6 +76,7 @@ def piecewise_constant(learning_rates: Sequence[float], milestones: Sequence[int
     """``learning_rates[#{m in milestones : m <= t}]``.
 
     Example:
+      >>> from cerebrax.schedules import piecewise_constant
       >>> piecewise_constant([0.1, 0.01, 0.001], [10, 20])(15)
       Array(0.01, dtype=float32)
     """
@@ -94,6 +97,7 @@ def multiplicative(initial_learning_rate: float, coefficient: float) -> Schedule
     """``init * coefficient ** t``.
 
     Example:
+      >>> from cerebrax.schedules import multiplicative
       >>> multiplicative(1.0, 0.5)(3)
       Array(0.125, dtype=float32)
     """
@@ -119,6 +123,7 @@ def lambda_schedule(initial_learning_rate: float,
     a lambda, cstorch's placeholders ``t / 30`` and ``0.95 ** t`` are used.
 
     Example:
+      >>> from cerebrax.schedules import lambda_schedule
       >>> lambda_schedule(0.1, lambda t: jnp.minimum(1.0, (t + 1) / 10))(4)
       Array(0.05, dtype=float32)
     """

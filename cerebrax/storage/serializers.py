@@ -11,6 +11,8 @@ from ..errors import ConfigError
 
 __all__ = ["cache_deferred_tensors", "settings", "use_external_link"]
 
+#: The serializer switches :func:`use_external_link` and :func:`cache_deferred_tensors`
+#: set; read when a checkpoint is saved.
 settings: dict[str, bool] = {"use_external_link": False, "cache_deferred_tensors": True}
 
 

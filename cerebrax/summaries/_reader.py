@@ -26,12 +26,18 @@ cerebrax installs; `tensorboard --logdir DIR` needs the same extra."""
 
 
 class ScalarEvent(NamedTuple):
+    """One scalar summary: when it was written (``wall_time``, seconds since the
+    epoch), its ``step`` and its ``value``."""
+
     wall_time: float
     step: int
     value: float
 
 
 class TensorEvent(NamedTuple):
+    """One tensor summary: when it was written (``wall_time``, seconds since the
+    epoch), its ``step`` and its ``value``, a numpy array."""
+
     wall_time: float
     step: int
     value: np.ndarray
@@ -73,9 +79,18 @@ class SummaryReader:
     :class:`SummaryError` saying so.
 
     Example:
+      >>> from cerebrax.utils.tensorboard import SummaryReader, SummaryWriter
+      >>> with SummaryWriter("runs/demo") as writer:
+      ...     writer.add_scalar("loss", 0.25, global_step=1)
+      ...     writer.add_tensor("weights", np.eye(2, dtype=np.float32), global_step=1)
       >>> reader = SummaryReader("runs/demo")
       >>> reader.scalars("loss")
       [(1, 0.25)]
+      >>> reader.tensors("weights")
+      [(1, array([[1., 0.],
+                 [0., 1.]], dtype=float32))]
+      >>> reader.read_scalar("loss", step=1)
+      ScalarEvent(wall_time=..., step=1, value=0.25)
     """
 
     def __init__(self, log_dir: str | os.PathLike):
@@ -112,9 +127,11 @@ class SummaryReader:
 
     # ---- cstorch's names ----------------------------------------------------------------
     def scalar_names(self) -> set[str]:
+        """The tags of the scalar summaries."""
         return set(self._scalars)
 
     def tensor_names(self) -> set[str]:
+        """The tags of the tensor summaries."""
         return set(self._tensors)
 
     def read_scalar(self, name: str, step: int | None = None) -> Any:

@@ -114,16 +114,23 @@ def summarize_scalar(name: str, value: jax.typing.ArrayLike) -> None:
     writer, or outside a DataExecutor loop, the call does nothing.
 
     Example:
+      >>> model = cstorch.compile(torch.nn.Linear(4, 1), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
       >>> @cstorch.trace
       ... def training_step(x, y):
-      ...     loss = loss_fn(model(x), y)
+      ...     loss = torch.nn.functional.mse_loss(model(x), y)
       ...     cstorch.backward(loss)
       ...     optimizer.step()
       ...     cstorch.summarize_scalar("train/loss", loss)
       ...     return loss
+      >>> loader = cstorch.utils.data.DataLoader(
+      ...     lambda: [(torch.ones(8, 4), torch.zeros(8, 1))] * 3)
       >>> writer = cstorch.utils.tensorboard.SummaryWriter("model_dir/train")
       >>> for x, y in cstorch.utils.data.DataExecutor(loader, writer=writer):
-      ...     training_step(x, y)
+      ...     loss = training_step(x, y)
+      >>> reader = cstorch.utils.tensorboard.SummaryReader("model_dir/train")
+      >>> [step for step, value in reader.scalars("train/loss")]   # 1-based steps
+      [1, 2, 3]
     """
     _check("scalar", name, value)
     _submit(_write_scalar, name, value)

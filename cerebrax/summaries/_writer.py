@@ -129,9 +129,12 @@ class SummaryWriter:
       filename_suffix: appended to the event file's name.
 
     Example:
+      >>> from cerebrax.utils.tensorboard import SummaryReader, SummaryWriter
       >>> with SummaryWriter("runs/demo") as writer:
       ...     writer.add_scalar("loss", 0.25, global_step=1)
       ...     writer.add_tensor("weights", np.eye(2, dtype=np.float32), global_step=1)
+      >>> SummaryReader("runs/demo").tags()
+      {'scalars': ['loss'], 'tensors': ['weights']}
     """
 
     def __init__(

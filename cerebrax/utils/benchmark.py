@@ -43,6 +43,8 @@ class TensorSpec:
 
     @staticmethod
     def of(leaf: Any) -> TensorSpec:
+        """The spec of ``leaf``: its shape and dtype for an array or tensor, else its
+        type's name with no shape."""
         if is_torch_tensor(leaf) or isinstance(leaf, (np.ndarray, np.generic, jax.Array)):
             return TensorSpec(tuple(int(d) for d in leaf.shape), str(leaf.dtype))
         return TensorSpec(None, type(leaf).__name__)
@@ -59,6 +61,8 @@ class BatchSpec:
 
     @staticmethod
     def of(batch: Any) -> BatchSpec:
+        """The spec of every leaf of ``batch`` (a pytree; torch tensors are leaves), keyed
+        by its path (``batch`` for a batch that is one array)."""
         flat, _ = jax.tree_util.tree_flatten_with_path(batch, is_leaf=is_torch_tensor)
         return BatchSpec(tuple((jax.tree_util.keystr(path) or "batch", TensorSpec.of(leaf))
                                for path, leaf in flat))
@@ -104,6 +108,7 @@ class EpochMetrics:
 
     @property
     def total_time(self) -> float:
+        """Seconds to create the epoch's iterator plus seconds to fetch its batches."""
         return self.iterator_creation + self.iteration_time
 
 
@@ -124,6 +129,7 @@ class Metrics:
 
     @property
     def total_steps(self) -> int:
+        """Batches fetched over all epochs."""
         return sum(epoch.total_steps for epoch in self.epoch_metrics)
 
     @property

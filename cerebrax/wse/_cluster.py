@@ -14,10 +14,12 @@ from ..errors import ConfigError
 __all__ = ["APPLIANCE_FIELDS", "ClusterConfig", "EXECUTION_MODES", "PIPELINE_SCHEDULES",
            "parse_bytes"]
 
+#: The execution modes of the emulated wafer: ``ClusterConfig(execution_mode=...)``.
 EXECUTION_MODES = ("weight_streaming", "pipeline", "replica", "sharded")
-# How pipeline mode orders its ticks (see cerebrax.wse._pipeline).
+#: How pipeline mode orders its ticks: ``ClusterConfig(pipeline_schedule=...)``.
 PIPELINE_SCHEDULES = ("gpipe", "circular")
-# The cstorch.compile backend strings that select an execution mode.
+#: The backend strings of ``cstorch.compile(model, backend="wse_ws")`` and the execution
+#: mode each selects.
 MODE_ALIASES = {
     "wse_ws": "weight_streaming",
     "wse_pipeline": "pipeline",

@@ -51,6 +51,13 @@ class Layout:
 
     # ---- state ------------------------------------------------------------------------
     def state_sharding(self, leaf: Any) -> NamedSharding:
+        """The sharding of state leaf ``leaf`` between steps.
+
+        In the pipeline, weight-streaming and sharded modes, the leaf is split over
+        :attr:`Wafer.inner_axis` along its largest dimension that the axis size divides;
+        in replica mode, and for scalars, PRNG keys and leaves without such a dimension,
+        it is replicated.
+        """
         if self.wafer.mode not in (*SHARDED_MODES, "pipeline"):
             return self.replicated
         shape = tuple(getattr(leaf, "shape", ()))
@@ -84,6 +91,8 @@ class Layout:
         return self.batch
 
     def place_state(self, values: Any) -> Any:
+        """``values`` (a pytree of state) placed on the mesh in their
+        :meth:`state_shardings`."""
         return jax.device_put(values, self.state_shardings(values))
 
 

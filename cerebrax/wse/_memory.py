@@ -46,9 +46,11 @@ class MemoryReport:
 
     @property
     def weight_and_optimizer_bytes(self) -> int:
+        """Bytes per device of the parameters and the optimizer state together."""
         return self.params_bytes + self.optimizer_bytes
 
     def format(self) -> str:
+        """The report as text in MiB, one line per quantity (also ``str(report)``)."""
         def mib(n: int | None) -> str:
             return "n/a" if n is None else f"{n / 2**20:.3f} MiB"
 
@@ -95,8 +97,36 @@ def memory_report(step: Any, *args: Any, **kwargs: Any) -> MemoryReport:
     backend's mesh (a multi-device CSX backend) or on its device.
 
     Example:
-      >>> report = cstorch.wse.memory_report(train_step, x, y)   # doctest: +SKIP
-      >>> print(report)                                          # doctest: +SKIP
+      On one device the state is held whole:
+
+      >>> model = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+      >>> @cstorch.trace
+      ... def train_step(x, y):
+      ...     loss = torch.nn.functional.mse_loss(model(x), y)
+      ...     cstorch.backward(loss)
+      ...     optimizer.step()
+      ...     return loss
+      >>> report = cstorch.wse.memory_report(train_step, torch.ones(8, 4), torch.zeros(8, 2))
+      >>> report.num_devices, report.mode, report.params_bytes   # 10 float32 weights
+      (1, 'single device', 40)
+      >>> print(report)             # in MiB, with XLA's temporaries and the peak
+      memory per device (1 device(s), mode single device)
+        parameters:       0.000 MiB (of 0.000 MiB)
+      ...
+
+      On the emulated wafer (8 CPU devices, ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
+      set before JAX starts), weight streaming shards the parameters and the optimizer
+      state over the weight servers, and the report gives one device's share::
+
+          backend = cstorch.backend("CSX", cluster_config=cstorch.distributed.ClusterConfig(
+              max_wgt_servers=8))
+          model = cstorch.compile(torch.nn.Sequential(
+              torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)), backend)
+          # ... optimizer and train_step as above
+          report = cstorch.wse.memory_report(train_step, torch.ones(16, 64), torch.zeros(16, 8))
+          report.num_devices, report.mode                 # (8, 'weight_streaming')
+          report.params_bytes, report.params_total_bytes  # (9348, 74784): about 1/8
     """
     return report_for_compiled(step, step.lower(*args, **kwargs).compile())
 

@@ -36,14 +36,17 @@ class Wafer:
 
     @property
     def inner_axis(self) -> str:
+        """The name of the mesh's second axis: ``"replica"``, ``"wgt"`` or ``"stage"``."""
         return self.mesh.axis_names[1]
 
     @property
     def num_csx(self) -> int:
+        """The number of systems (the size of the ``"csx"`` axis)."""
         return self.mesh.shape["csx"]
 
     @property
     def inner_size(self) -> int:
+        """The size of :attr:`inner_axis`: devices per system."""
         return self.mesh.shape[self.inner_axis]
 
     @property
@@ -53,10 +56,12 @@ class Wafer:
 
     @property
     def data_parallel_size(self) -> int:
+        """The number of devices the batch is split over (the product of :attr:`data_axes`)."""
         return int(np.prod([self.mesh.shape[a] for a in self.data_axes]))
 
     @property
     def size(self) -> int:
+        """The number of devices of the mesh."""
         return self.mesh.size
 
     def __repr__(self) -> str:

@@ -83,8 +83,32 @@ def initialize(
         could not join.
 
     Example:
-      >>> cstorch.distributed.initialize("localhost:4321", num_processes=2,
-      ...                                process_id=rank)  # doctest: +SKIP
+      A run of 2 processes with 4 emulated CPU devices each starts the same script
+      twice, ``RANK=0 python train.py & RANK=1 python train.py``, with
+      ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the environment::
+
+          import os
+          import cerebrax as cstorch
+          cstorch.distributed.initialize("localhost:4321", num_processes=2,
+                                         process_id=int(os.environ["RANK"]))
+          backend = cstorch.backend("CSX", cluster_config=cstorch.distributed.ClusterConfig(
+              execution_mode="replica", num_replicas=8))   # one mesh over both processes
+          cstorch.distributed.get_rank(), cstorch.distributed.get_world_size()  # (RANK, 2)
+          ...  # the same model, steps and global batches in every process
+
+      Without the call a process is a run of one:
+
+      >>> cstorch.distributed.get_rank(), cstorch.distributed.get_world_size()
+      (0, 1)
+
+      and once JAX has started its devices it is too late to join a run:
+
+      >>> devices = jax.devices()                # JAX starts its devices
+      >>> cstorch.distributed.initialize("localhost:4321", num_processes=2, process_id=0)
+      Traceback (most recent call last):
+      ...
+      cerebrax.errors.BackendError: cstorch.distributed.initialize() must run before JAX
+      starts its devices, but JAX's devices are already in use in this process. ...
     """
     _check_arguments(coordinator_address, num_processes, process_id, cpu_collectives)
     if jax.distributed.is_initialized():

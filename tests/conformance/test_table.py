@@ -44,7 +44,7 @@ Tolerances.
   where torch16 is torch eager's own mixed precision (a float16 copy of the model for
   forward and backward, its gradients cast to the float32 master weights, the optimizer
   in float32). ``K = 3`` allows for the different accumulation orders, as the bridge's
-  tests allow float32 kernels 3 times torch's own error (README, "What the numeric tests
+  tests allow float32 kernels 3 times torch's own error (docs/development.md, "What the numeric tests
   bound"). The floor, one rounding of the quantity's largest magnitude, covers quantities
   torch happens to compute almost exactly (a learning rate, a first-step loss whose
   errors cancel). A wrong program is far outside it: ``test_the_comparisons_can_fail``

@@ -355,14 +355,15 @@ def test_public_names():
         assert hasattr(cstorch.legacy, name), name
 
 
-def test_readme_older_scripts_section_runs(capsys):
-    """The README's "Older Cerebras scripts" snippets run as written and learn."""
-    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+def test_the_docs_older_scripts_section_runs(capsys):
+    """The "Older Cerebras scripts" snippets of docs/porting/cstorch.md run as written
+    and learn."""
+    readme = (pathlib.Path(__file__).parents[2] / "docs" / "porting" / "cstorch.md").read_text()
     section = readme.split("## Older Cerebras scripts", 1)[1].split("\n## ", 1)[0]
     session_code, estimator_code = re.findall(r"```python\n(.*?)```", section, re.S)
 
     namespace = {}
-    exec(compile(session_code, "README: Session", "exec"), namespace)
+    exec(compile(session_code, "docs: Session", "exec"), namespace)
     epochs = re.findall(r"epoch \d: loss ([\d.]+)", capsys.readouterr().out)
     assert len(epochs) == 3 and all(float(loss) < 1.0 for loss in epochs)  # chance: 1.39
     assert namespace["session"].num_compiles == 1
@@ -372,7 +373,7 @@ def test_readme_older_scripts_section_runs(capsys):
 
     cstorch.reset()
     namespace = {}
-    exec(compile(estimator_code, "README: Estimator", "exec"), namespace)
+    exec(compile(estimator_code, "docs: Estimator", "exec"), namespace)
     results = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
     assert results == namespace["estimator"].evaluate(namespace["input_fn"], steps=16)
     assert results["global_step"] == 100 and results["accuracy"] > 0.9

@@ -91,6 +91,7 @@ def adadelta(
         p = p - lr * d
 
     Example:
+      >>> from cerebrax.optim.transforms import adadelta
       >>> tx = adadelta(1.0, eps=1e-2)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

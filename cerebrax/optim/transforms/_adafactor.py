@@ -187,6 +187,7 @@ def adafactor(
       maximize: maximize the objective instead of minimizing it.
 
     Example:
+      >>> from cerebrax.optim.transforms import adafactor
       >>> tx = adafactor(1e-2)
       >>> params = {"w": jnp.ones(3)}
       >>> updates, _ = tx.update({"w": jnp.ones(3)}, tx.init(params), params)

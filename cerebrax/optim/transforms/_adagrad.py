@@ -74,6 +74,7 @@ def adagrad(
         p = p - lr / (1 + (t - 1) * lr_decay) * g / (sqrt(sum) + eps)
 
     Example:
+      >>> from cerebrax.optim.transforms import adagrad
       >>> tx = adagrad(0.1)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

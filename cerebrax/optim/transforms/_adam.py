@@ -187,6 +187,7 @@ def adam(
         p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
     Example:
+      >>> from cerebrax.optim.transforms import adam
       >>> tx = adam(1e-3)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
@@ -226,6 +227,7 @@ def adamw(
     ``correct_bias=False`` (cstorch's option) drops both ``1 - b^t`` factors.
 
     Example:
+      >>> from cerebrax.optim.transforms import adamw
       >>> tx = adamw(1e-3)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

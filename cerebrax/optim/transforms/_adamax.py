@@ -74,6 +74,7 @@ def adamax(
         p = p - lr / (1 - b1^t) * m / u
 
     Example:
+      >>> from cerebrax.optim.transforms import adamax
       >>> tx = adamax(2e-3)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

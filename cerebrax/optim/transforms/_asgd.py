@@ -106,6 +106,7 @@ def asgd(
     plain SGD with the decaying step ``eta``.
 
     Example:
+      >>> from cerebrax.optim.transforms import asgd
       >>> tx = asgd(0.1)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

@@ -137,6 +137,7 @@ def lamb(
       maximize: maximize the objective instead of minimizing it.
 
     Example:
+      >>> from cerebrax.optim.transforms import lamb
       >>> tx = lamb(1e-2)
       >>> params = {"w": jnp.full(4, 0.5)}
       >>> updates, _ = tx.update({"w": jnp.ones(4)}, tx.init(params), params)
@@ -202,6 +203,7 @@ def lion(
       maximize: maximize the objective instead of minimizing it.
 
     Example:
+      >>> from cerebrax.optim.transforms import lion
       >>> tx = lion(0.1)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.array([1.0, -2.0])}, tx.init(params), params)

@@ -135,6 +135,7 @@ def muon(
     runs in the parameter's dtype (float32) where torch's runs in bfloat16.
 
     Example:
+      >>> from cerebrax.optim.transforms import muon
       >>> tx = muon(0.02)
       >>> params = {"w": jnp.eye(2)}
       >>> updates, _ = tx.update({"w": jnp.eye(2)}, tx.init(params), params)

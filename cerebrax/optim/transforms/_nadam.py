@@ -140,6 +140,7 @@ def nadam(
               - lr * mu_{t+1} / (1 - P_t * mu_{t+1}) * m / d
 
     Example:
+      >>> from cerebrax.optim.transforms import nadam
       >>> tx = nadam(2e-3)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

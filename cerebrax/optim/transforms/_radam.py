@@ -145,6 +145,7 @@ def radam(
     ``b2`` must be a Python number (see :func:`scale_by_torch_radam`).
 
     Example:
+      >>> from cerebrax.optim.transforms import radam
       >>> tx = radam(1e-3)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

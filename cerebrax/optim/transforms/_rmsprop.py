@@ -112,6 +112,7 @@ def rmsprop(
         (give it explicitly when ``momentum`` is traced).
 
     Example:
+      >>> from cerebrax.optim.transforms import rmsprop
       >>> tx = rmsprop(0.01)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)

@@ -106,6 +106,7 @@ def rprop(
         prev = g
 
     Example:
+      >>> from cerebrax.optim.transforms import rprop
       >>> tx = rprop(0.1)
       >>> params = {"w": jnp.ones(2)}
       >>> updates, _ = tx.update({"w": -jnp.ones(2)}, tx.init(params), params)

@@ -82,6 +82,7 @@ def sgd(
         ``momentum != 0`` (give it explicitly when ``momentum`` is traced).
 
     Example:
+      >>> from cerebrax.optim.transforms import sgd
       >>> tx = sgd(0.1, momentum=0.9)
       >>> params = {"w": jnp.ones(2)}
       >>> state = tx.init(params)

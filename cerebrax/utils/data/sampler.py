@@ -14,4 +14,5 @@ from ...data import DistributedSampler as DistributedSampler
 
 __all__ = ["DistributedSampler", "pad_index"]
 
+#: The index a sampler yields for a padding sample (a batch filled past the data's end).
 pad_index: int = -1

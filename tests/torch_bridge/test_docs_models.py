@@ -1,4 +1,5 @@
-"""README.md's "Bring your model" examples run as written, and train like torch eager.
+"""The "Bring your model" examples of docs/porting/torch.md run as written, and train like
+torch eager.
 
 Each ```python block of that section runs in a fresh namespace; the test then runs the
 same loop in torch eager (torch.optim, a copy of the model made before compiling) and
@@ -19,11 +20,11 @@ import vision
 import cerebrax as cstorch
 from helpers import CSTORCH_ADAMW
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "porting" / "torch.md"
 
 
 def _blocks() -> list[str]:
-    text = README.read_text()
+    text = PAGE.read_text()
     section = text.split("## Bring your model", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
@@ -46,7 +47,7 @@ def _run(block: str, capture: dict) -> dict:
 
     cstorch.compile = compile_and_copy
     try:
-        exec(compile(block, str(README), "exec"), namespace)
+        exec(compile(block, str(PAGE), "exec"), namespace)
     finally:
         cstorch.compile = original
     return namespace

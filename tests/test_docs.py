@@ -1,0 +1,118 @@
+"""Every code example of the documentation runs.
+
+- The docstrings' examples (``>>>``) of every module of ``cerebrax`` and ``torch_bridge``
+  run as doctests, one test per module, with ``cstorch`` (cerebrax), ``np``, ``jnp``,
+  ``jax``, ``optax`` and ``torch`` imported; the process's cerebrax state is reset before each.
+- The ``python`` code blocks of each page of the site (``docs/**/*.md``) and of the
+  README run in order, as one script per page, in a fresh process in an empty folder.
+
+The site itself (its links, its anchors, a docstring for every public name, the
+notebooks) is checked by its build (README, Documentation), which CI runs after the
+tests.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pathlib
+import pkgutil
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import cerebrax as cstorch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PACKAGES = ("cerebrax", "torch_bridge")
+FENCE = re.compile(r"^(`{3,})python[ \t]*\n(.*?)^\1[ \t]*$", re.M | re.S)
+
+
+def modules_with_examples() -> list[str]:
+    names = []
+    for package in PACKAGES:
+        root = importlib.import_module(package)
+        for info in [*pkgutil.walk_packages(root.__path__, package + ".")]:
+            spec = importlib.util.find_spec(info.name)
+            if spec and spec.origin and ">>> " in pathlib.Path(spec.origin).read_text():
+                names.append(info.name)
+    return sorted(names)
+
+
+def page_examples(page: pathlib.Path) -> str:
+    """The page's ``python`` blocks, one script."""
+    return "\n\n".join(textwrap.dedent(m.group(2)) for m in FENCE.finditer(page.read_text()))
+
+
+PAGES = [ROOT / "README.md"] + sorted(
+    p for p in DOCS.rglob("*.md")
+    if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
+    and page_examples(p).strip())
+# This machine's torchvision wheel is a CUDA build beside a CPU torch: its import needs
+# tests/torch_bridge/vision.py first (a user's CPU build does not). A page's script
+# starts with it.
+PREAMBLE = f"""import sys
+sys.path.insert(0, {str(ROOT / "tests" / "torch_bridge")!r})
+import vision
+vision.load()
+sys.path.pop(0)
+"""
+
+
+@pytest.mark.parametrize("module_name", modules_with_examples())
+def test_docstring_examples_run(module_name: str, tmp_path: pathlib.Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.chdir(tmp_path)  # what the examples write (event files, checkpoints)
+    module = importlib.import_module(module_name)
+    globs = {"cstorch": cstorch, "np": np, "jnp": jnp, "jax": jax, "optax": optax,
+             "torch": torch}
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    report: list[str] = []
+    for test in finder.find(module, module_name, globs=globs):
+        if test.examples:
+            cstorch.reset()
+            runner.run(test, out=report.append)
+    cstorch.reset()
+    result = runner.summarize(verbose=False)
+    assert result.attempted > 0, f"{module_name} has '>>> ' but no example was found"
+    assert result.failed == 0, "".join(report)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_examples_run(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    script = tmp_path / f"{page.stem}.py"
+    examples = page_examples(page)
+    needs_vision = any(name in examples for name in ("torchvision", "transformers", "timm"))
+    script.write_text((PREAMBLE if needs_vision else "") + examples)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, (
+        f"the examples of {page.relative_to(ROOT)} failed:\n{done.stdout[-3000:]}\n"
+        f"{done.stderr[-5000:]}")
+
+
+def test_a_failing_example_fails() -> None:
+    """The doctest runner and the page extraction see a wrong example."""
+    test = doctest.DocTestParser().get_doctest(">>> 1 + 1\n3\n", {}, "wrong", None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test, out=lambda _: None)
+    assert runner.summarize(verbose=False).failed == 1
+    page = "text\n\n```python\nx = 1\n```\n\n```bash\nls\n```\n\n````python\ny = 2\n````\n"
+    fake = DOCS / "_generated" / "page_example_check.md"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(page)
+    try:
+        assert page_examples(fake) == "x = 1\n\n\ny = 2\n"
+    finally:
+        fake.unlink()
