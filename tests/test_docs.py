@@ -91,7 +91,7 @@ def test_docstring_examples_run(module_name: str, tmp_path: pathlib.Path,
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    script = tmp_path / f"{page.stem}.py"
+    script = tmp_path / f"page_{page.stem}.py"  # not torch.py: it would shadow torch
     examples = page_examples(page)
     needs_vision = any(name in examples for name in ("torchvision", "transformers", "timm"))
     script.write_text((PREAMBLE if needs_vision else "") + examples)

@@ -134,6 +134,10 @@ def api_pages() -> dict[str, str]:
             lines.append("Submodules: " + ", ".join(
                 f"[`{s}`]({s}.md)" for s in sorted(set(submodules))) + ".\n")
         for name, value in names:
+            home = _foreign_home(value)
+            if home is not None:  # another library's object: its own docs describe it
+                lines.append(f"`{name}`\n: `{home}`, re-exported as it is.\n")
+                continue
             key = id(value)
             if key in described and _identity_matters(value):
                 lines.append(f"`{name}`\n: The same object as {{py:obj}}`{described[key]}`.\n")
@@ -145,6 +149,18 @@ def api_pages() -> dict[str, str]:
             lines.append(_lowered_ops_table())
         pages[module_name] = "\n".join(lines)
     return pages
+
+
+def _foreign_home(value: Any) -> str | None:
+    """``module.qualname`` of a function or class another library defines (torch's
+    ``one_hot`` in ``cerebrax.nn.functional``), else None."""
+    if not (inspect.isclass(value) or callable(value)) or _is_type_alias(value):
+        return None
+    module = getattr(value, "__module__", None) or ""
+    if module.startswith(PACKAGES) or not module:
+        return None
+    public = module.split("._")[0] if "._" in module else module
+    return f"{public}.{getattr(value, '__qualname__', getattr(value, '__name__', ''))}"
 
 
 def _private(module_name: str) -> bool:

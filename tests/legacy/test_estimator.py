@@ -372,7 +372,7 @@ def test_the_docs_older_scripts_section_runs(capsys):
     assert (predictions == y.numpy()).mean() > 0.9
 
     cstorch.reset()
-    namespace = {}
+    namespace = {"cstorch": cstorch}  # imported by the page's block before
     exec(compile(estimator_code, "docs: Estimator", "exec"), namespace)
     results = ast.literal_eval(capsys.readouterr().out.strip().splitlines()[-1])
     assert results == namespace["estimator"].evaluate(namespace["input_fn"], steps=16)

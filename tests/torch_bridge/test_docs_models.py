@@ -24,21 +24,21 @@ PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "porting" / "torch
 
 
 def _blocks() -> list[str]:
+    """The section's Hugging Face example, then its torchvision example."""
     text = PAGE.read_text()
     section = text.split("## Bring your model", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
-def test_the_section_has_the_two_examples():
-    blocks = _blocks()
-    assert len(blocks) == 2
-    assert "transformers" in blocks[0] and "torchvision" in blocks[1]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    hf = [b for b in blocks if "import transformers" in b]
+    vision_blocks = [b for b in blocks if "import torchvision" in b]
+    assert len(hf) == 1 and len(vision_blocks) == 1, "one example of each"
+    return [hf[0], vision_blocks[0]]
 
 
 def _run(block: str, capture: dict) -> dict:
     """Runs ``block``; ``capture`` maps a name of the block to a callback that sees the
-    object bound to it right after ``cstorch.compile`` (the model before training)."""
-    namespace: dict = {}
+    object bound to it right after ``cstorch.compile`` (the model before training). The
+    page's earlier blocks import torch and cerebrax as cstorch."""
+    namespace: dict = {"torch": torch, "cstorch": cstorch}
     original = cstorch.compile
 
     def compile_and_copy(model, *args, **kwargs):
@@ -74,13 +74,13 @@ def test_hugging_face_example_trains_like_torch():
     assert without_dropout != block
     captured: dict = {}
     ns = _run(without_dropout, captured)
-    assert ns["logits"].shape == (4, 32, 1000)
-    assert np.all(np.isfinite(ns["losses"]))
+    assert ns["gpt_logits"].shape == (4, 32, 1000)
+    assert np.all(np.isfinite(ns["gpt_losses"]))
     reference = captured["model"]
     expected = _eager_losses(
         reference, torch.optim.AdamW(reference.parameters(), lr=1e-3, **CSTORCH_ADAMW),
         lambda m, x: m(input_ids=x, labels=x).loss, [(ns["tokens"],)] * 5)
-    np.testing.assert_allclose(ns["losses"], expected, rtol=1e-5)
+    np.testing.assert_allclose(ns["gpt_losses"], expected, rtol=1e-5)
 
 
 def test_torchvision_example_trains_like_torch():
@@ -93,9 +93,10 @@ def test_torchvision_example_trains_like_torch():
         lambda m, x, y: loss_fn(m(x), y), [(ns["images"], ns["labels"])] * 5)
     # BatchNorm networks drift from torch in float32 over steps (noise, not the bridge;
     # here the loss falls to 1e-3 on one repeated batch): the first steps agree.
-    np.testing.assert_allclose(ns["losses"][0], expected[0], rtol=1e-5)
-    np.testing.assert_allclose(ns["losses"][1], expected[1], rtol=1e-4)
-    assert ns["losses"][-1] < 0.1 * ns["losses"][0]
+    losses = ns["resnet_losses"]
+    np.testing.assert_allclose(losses[0], expected[0], rtol=1e-5)
+    np.testing.assert_allclose(losses[1], expected[1], rtol=1e-4)
+    assert losses[-1] < 0.1 * losses[0]
 
 
 @pytest.fixture(autouse=True)
