@@ -57,5 +57,6 @@ html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
 }
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["cerebrax.css"]
 html_last_updated_fmt = None

@@ -264,12 +264,9 @@ def generate(app: Sphinx) -> None:
         if not target.exists() or target.read_bytes() != source.read_bytes():
             shutil.copyfile(source, target)
 
-    figures = GENERATED / "figures"
-    if not (figures / "wafer_figures.json").exists() or os.environ.get(
-            "CEREBRAX_DOCS_FIGURES") == "1":
-        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-        subprocess.run([sys.executable, str(DOCS / "_ext" / "wafer_figures.py"),
-                        str(figures)], check=True, env=env)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    subprocess.run([sys.executable, str(DOCS / "_ext" / "wafer_figures.py"),
+                    str(GENERATED / "figures")], check=True, env=env)
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
