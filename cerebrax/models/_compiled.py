@@ -191,14 +191,17 @@ class CompiledModel:
     def state_dict(self) -> dict[str, np.ndarray]:
         """Host copies (numpy) of every parameter and buffer, by state-dict name.
 
-        Like torch's, a tied weight appears under each of its names, as one array.
+        Like torch's, a tied weight appears under each of its names, as one array. A
+        PRNG key kept as state (an nnx module's ``Rngs``, e.g. for Dropout) appears as
+        its key data (``jax.random.key_data``: uint32), which checkpoints hold and
+        :meth:`load_state_dict` turns back into the key.
         """
         # Host sync point: waits for the steps that produce these values.
         slots = self._slots()
         copies: dict[int, np.ndarray] = {}
         for ref in slots.values():
             if id(ref) not in copies:
-                copies[id(ref)] = ref.value
+                copies[id(ref)] = _key_data(ref.value)
         for value in copies.values():
             if isinstance(value, jax.Array):
                 value.copy_to_host_async()  # start every transfer before the first wait
@@ -232,13 +235,17 @@ class CompiledModel:
     def _write_slot(self, name: str, ref: _state.StateRef, value: Any) -> None:
         value = to_numpy(value)
         old = ref.stored
-        if tuple(value.shape) != tuple(old.shape):
+        typed_key = _is_typed_key(old)
+        want = _key_data(old) if typed_key else old  # a key is loaded from its data
+        if tuple(value.shape) != tuple(want.shape):
             raise StateError(
                 f"size mismatch for {name!r}: the checkpoint has shape "
-                f"{tuple(value.shape)}, the model has {tuple(old.shape)}."
+                f"{tuple(value.shape)}, the model has {tuple(want.shape)}."
             )
-        ref.value = jax.device_put(jnp.asarray(value, dtype=old.dtype),
-                                   self.backend.jax_device)
+        new = jnp.asarray(value, dtype=want.dtype)
+        if typed_key:
+            new = jax.random.wrap_key_data(new, impl=jax.random.key_impl(old))
+        ref.value = jax.device_put(new, self.backend.jax_device)
 
     # ---- calling ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -398,3 +405,13 @@ def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel: 
         "Pass a cstorch.FunctionalModel(apply_fn, params), a flax.nnx.Module or a "
         "torch.nn.Module, or teach it with cerebrax.register_model_adapter()."
     )
+
+
+def _is_typed_key(value: Any) -> bool:
+    return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype,
+                                                                  jax.dtypes.prng_key)
+
+
+def _key_data(value: Any) -> Any:
+    """``value``, or the uint32 data of a typed PRNG key (numpy cannot hold a key)."""
+    return jax.random.key_data(value) if _is_typed_key(value) else value

@@ -676,3 +676,35 @@ def test_nnx_batchnorm_statistics_update_in_train_mode_only():
 
     eval_step(x)
     np.testing.assert_array_equal(model.state_dict()["bn.mean"], mean_after_train)
+
+
+def test_nnx_dropout_key_survives_state_dict_and_checkpoint(tmp_path):
+    """An nnx module with Dropout keeps a typed PRNG key as state: its state dict holds
+    the key's data (uint32, savable), and loading it back restores the same masks."""
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.fc = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.fc(x))
+
+    model = cstorch.compile(Net(nnx.Rngs(0)), "CPU")
+    x = np.ones((8, 4), np.float32)
+
+    @cstorch.trace
+    def step(x):
+        return model(x)
+
+    step(x)
+    state = model.state_dict()
+    key = state["drop.rngs.key"]
+    assert key.dtype == np.uint32 and key.shape == (2,)  # the default key's data
+    cstorch.save({"model": state}, tmp_path / "c.mdl")
+    after = [np.asarray(step(x)) for _ in range(2)]
+    assert not np.array_equal(after[0], after[1])  # a fresh mask each step
+    model.load_state_dict(cstorch.load(tmp_path / "c.mdl")["model"])
+    again = [np.asarray(step(x)) for _ in range(2)]
+    np.testing.assert_array_equal(again, after)  # the same key and counter: same masks
