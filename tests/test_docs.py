@@ -5,6 +5,7 @@
   ``jax``, ``optax`` and ``torch`` imported; the process's cerebrax state is reset before each.
 - The ``python`` code blocks of each page of the site (``docs/**/*.md``) and of the
   README run in order, as one script per page, in a fresh process in an empty folder.
+- The ``yaml`` configs of the command's page pass ``cerebrax validate`` (one step traced).
 
 The site itself (its links, its anchors, a docstring for every public name, the
 notebooks) is checked by its build (README, Documentation), which CI runs after the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
 import pathlib
 import pkgutil
 import re
@@ -100,6 +102,22 @@ def test_page_examples_run(page: pathlib.Path, tmp_path: pathlib.Path) -> None:
     assert done.returncode == 0, (
         f"the examples of {page.relative_to(ROOT)} failed:\n{done.stdout[-3000:]}\n"
         f"{done.stderr[-5000:]}")
+
+
+YAML_FENCE = re.compile(r"^```yaml[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+CONFIGS = YAML_FENCE.findall((DOCS / "command.md").read_text())
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[f"config{i}" for i in range(len(CONFIGS))])
+def test_command_page_configs_validate(config: str, tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the configs name examples/digits.py
+    cli = pathlib.Path(sys.executable).with_name("cerebrax")
+    done = subprocess.run([str(cli), "validate", str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "validated" in done.stdout + done.stderr
 
 
 def test_a_failing_example_fails() -> None:
