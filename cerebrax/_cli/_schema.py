@@ -10,9 +10,10 @@ error says why and what to do instead. :func:`check` turns pydantic's errors int
 Sections whose other keys are arguments of a user function (``model``, the inputs)
 allow extra keys; :mod:`._build` checks them against that function's signature.
 
-Every key has a ``Field`` description, and a section that allows other keys says what
-they are in a paragraph of its docstring that starts with "Other keys";
-:mod:`._reference` makes the config-key reference of the docs from them.
+Every key has a ``Field`` description (a key that means the same in both layouts takes
+it from :data:`SAME_IN_BOTH`), and a section that allows other keys says what they are
+in a paragraph of its docstring that starts with "Other keys"; :mod:`._reference` makes
+the config-key reference of the docs from them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator,
                       ValidationError, create_model, model_validator)
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from .. import optim
 from .._filters import is_strict_int
@@ -107,6 +108,51 @@ CLUSTER_HELP = {
     "workflow_id": ("a string", f"The appliance workflow to join, {_APPLIANCE}."),
     "notifications": ("any value", f"Notifications of the appliance job, {_APPLIANCE}."),
 }
+# The descriptions of the keys that mean the same in both layouts, by their name in the
+# sectioned layout (`runconfig.checkpoint_steps` is `trainer.init.checkpoint.steps`);
+# see :func:`_same_in_both`.
+SAME_IN_BOTH = {
+    "model": (
+        "The model: `factory`, your function that builds it, or `name`, a Model Zoo "
+        "model."),
+    "metrics": (
+        "The metrics `cerebrax eval` and validation compute besides the mean loss. Not "
+        "with a Model Zoo model, which updates its own."),
+    "num_steps": (
+        "The total number of training steps of the run: a resumed run trains the steps "
+        "that remain. `cerebrax fit` needs it (or `max_steps`, or `num_epochs`)."),
+    "max_steps": "Model Zoo's name for `num_steps` (give one, or the same value).",
+    "num_epochs": (
+        "Train for this many passes over the training data instead of a number of steps "
+        "(not with `num_steps` or `max_steps`)."),
+    "seed": (
+        "Seeds Python's, numpy's and torch's generators, and is the `seed` argument of a "
+        "model factory or input function that takes one (unless its section sets it). "
+        "Not set: unseeded."),
+    "checkpoint_steps": (
+        "`cerebrax fit` saves `model_dir/checkpoint_<step>.mdl` every this many steps and "
+        "after the last one; 0: after the last step only."),
+    "log_steps": (
+        "`cerebrax fit` prints the loss, and writes it to TensorBoard, every this many "
+        "steps."),
+    "save_initial_checkpoint": (
+        "`true`: save `checkpoint_0.mdl`, the initial weights, before the first step."),
+    "keep_last_n": (
+        "Once a checkpoint is written, delete those older than the newest this many, "
+        "except the ones `keep_every_n_steps` keeps. Not set: keep every checkpoint."),
+    "keep_every_n_steps": (
+        "With `keep_last_n`: never delete the checkpoints whose step is a multiple of "
+        "this. Not set: none is kept apart."),
+    "model_dir": (
+        "The run's directory: its checkpoints, recorded config, TensorBoard events and "
+        "logs. `cerebrax fit` resumes the run it holds; `--model_dir` overrides it."),
+    "compile_dir": (
+        "Where `cerebrax compile` writes the HLO text and memory reports, and where JAX's "
+        "compilation cache lives. Not set: `model_dir/compile`."),
+    "precision_opt_level": (
+        "Cerebras' precision optimization level: printed in the log, with no effect on "
+        "the emulation, which computes in the half dtype."),
+}
 # Metrics the eval loop knows how to feed: name -> (cstorch.metrics class, what it reads).
 METRICS = {
     "accuracy": ("AccuracyMetric", "predictions"),
@@ -172,6 +218,12 @@ def refused(reason: str, what: str) -> Any:
 
     return Annotated[Any, PlainValidator(validate), Refused(reason),
                      Field(description=f"{what} Refused: {reason}.")]
+
+
+def _same_in_both(key: str, default: Any = PydanticUndefined) -> Any:
+    """The ``Field`` of a key that means the same in both layouts, described by
+    ``SAME_IN_BOTH[key]``; required without a ``default``."""
+    return Field(default, description=SAME_IN_BOTH[key])
 
 
 def _number(value: Any, *, ge: float | None = None, gt: float | None = None) -> float:
@@ -248,6 +300,11 @@ Schedule = _expect("a number >= 0, a schedule mapping or a list of them", _sched
 Backend = _choice(BACKENDS)
 HalfDtype = _choice(HALF_DTYPES, str)
 MetricName = _choice(METRICS, lambda s: s.lower().removesuffix("metric").rstrip("_"))
+# Model Zoo's switches that a command of its own replaces, refused in both layouts.
+CompileOnly = refused("run `cerebrax compile CONFIG.yaml` instead",
+                      "Model Zoo's switch to compile without running.")
+ValidateOnly = refused("run `cerebrax validate CONFIG.yaml` instead",
+                       "Model Zoo's switch to check the model without compiling it.")
 
 
 # ---- sections shared by both layouts ---------------------------------------------------
@@ -490,44 +547,23 @@ class GradScalerV1(Section):
 
 
 class _RunConfigV1(Section):
-    num_steps: Count | None = Field(None, description=(
-        "The total number of training steps of the run: a resumed run trains the steps "
-        "that remain. `cerebrax fit` needs it (or `max_steps`, or `num_epochs`)."))
-    max_steps: Count | None = Field(None, description=(
-        "Model Zoo's name for `num_steps` (give one, or the same value)."))
-    num_epochs: Count | None = Field(None, description=(
-        "Train for this many passes over the training data instead of a number of steps "
-        "(not with `num_steps` or `max_steps`)."))
-    seed: Integer | None = Field(None, description=(
-        "Seeds Python's, numpy's and torch's generators, and is the `seed` argument of a "
-        "model factory or input function that takes one (unless its section sets it). "
-        "Not set: unseeded."))
+    num_steps: Count | None = _same_in_both("num_steps", None)
+    max_steps: Count | None = _same_in_both("max_steps", None)
+    num_epochs: Count | None = _same_in_both("num_epochs", None)
+    seed: Integer | None = _same_in_both("seed", None)
     eval_steps: Count | None = Field(None, description=(
         "How many batches an evaluation reads, the same key as `eval_input.num_steps` "
         "(give one, or the same value). Not set: one pass over the eval data."))
     eval_frequency: Count | None = Field(None, description=(
         "`cerebrax fit` validates on the eval data every this many steps and after the "
         "last one; needs an `eval_input` section. Not set: no validation during fit."))
-    checkpoint_steps: Count0 = Field(0, description=(
-        "`cerebrax fit` saves `model_dir/checkpoint_<step>.mdl` every this many steps and "
-        "after the last one; 0: after the last step only."))
-    log_steps: Count = Field(1, description=(
-        "`cerebrax fit` prints the loss, and writes it to TensorBoard, every this many "
-        "steps."))
-    save_initial_checkpoint: Flag = Field(False, description=(
-        "`true`: save `checkpoint_0.mdl`, the initial weights, before the first step."))
-    keep_last_n: Count | None = Field(None, description=(
-        "Once a checkpoint is written, delete those older than the newest this many, "
-        "except the ones `keep_every_n_steps` keeps. Not set: keep every checkpoint."))
-    keep_every_n_steps: Count | None = Field(None, description=(
-        "With `keep_last_n`: never delete the checkpoints whose step is a multiple of "
-        "this. Not set: none is kept apart."))
-    model_dir: Text = Field("./model_dir", description=(
-        "The run's directory: its checkpoints, recorded config, TensorBoard events and "
-        "logs. `cerebrax fit` resumes the run it holds; `--model_dir` overrides it."))
-    compile_dir: Text | None = Field(None, description=(
-        "Where `cerebrax compile` writes the HLO text and memory reports, and where JAX's "
-        "compilation cache lives. Not set: `model_dir/compile`."))
+    checkpoint_steps: Count0 = _same_in_both("checkpoint_steps", 0)
+    log_steps: Count = _same_in_both("log_steps", 1)
+    save_initial_checkpoint: Flag = _same_in_both("save_initial_checkpoint", False)
+    keep_last_n: Count | None = _same_in_both("keep_last_n", None)
+    keep_every_n_steps: Count | None = _same_in_both("keep_every_n_steps", None)
+    model_dir: Text = _same_in_both("model_dir", "./model_dir")
+    compile_dir: Text | None = _same_in_both("compile_dir", None)
     backend: Backend = Field("CSX", description=(
         "Where the run computes: `CPU`, `GPU`, or `CSX`, the emulated Cerebras wafer over "
         "JAX's devices (case-insensitive)."))
@@ -537,18 +573,14 @@ class _RunConfigV1(Section):
     checkpoint_path: Text | None = Field(None, description=(
         "The checkpoint `cerebrax fit` starts from or `cerebrax eval` evaluates; "
         "`--checkpoint` overrides it. Not set: the newest checkpoint of `model_dir`."))
-    precision_opt_level: Count0 | None = Field(None, description=(
-        "Cerebras' precision optimization level: printed in the log, with no effect on "
-        "the emulation, which computes in the half dtype."))
+    precision_opt_level: Count0 | None = _same_in_both("precision_opt_level", None)
     mode: refused("the command sets the mode: `cerebrax fit` trains, `cerebrax eval` "
                   "evaluates; remove the key",
                   "Model Zoo's run mode (train, eval, ...).") = None
     target_device: refused("use runconfig.backend: CPU, GPU or CSX",
                            "Model Zoo's device to run on.") = None
-    compile_only: refused("run `cerebrax compile CONFIG.yaml` instead",
-                          "Model Zoo's switch to compile without running.") = None
-    validate_only: refused("run `cerebrax validate CONFIG.yaml` instead",
-                           "Model Zoo's switch to check the model without compiling it.") = None
+    compile_only: CompileOnly = None
+    validate_only: ValidateOnly = None
 
 
 def _cluster_key(name: str) -> tuple[Any, Any]:
@@ -574,9 +606,7 @@ class ConfigV1(Section):
     each a mapping of its keys (``configs/digits_mlp.yaml`` is an example). A config
     without a top-level ``trainer`` key is read in this layout."""
 
-    model: ModelV1 = Field(description=(
-        "The model: `factory`, your function that builds it, or `name`, a Model Zoo "
-        "model."))
+    model: ModelV1 = _same_in_both("model")
     train_input: InputSection | None = Field(None, description=(
         "The training data; `cerebrax fit` needs it, as do `validate` and `compile` of "
         "the train step."))
@@ -596,9 +626,7 @@ class ConfigV1(Section):
     max_gradient_value: Positive | None = Field(None, description=(
         "Clip every gradient element into `[-value, value]` before every update, the "
         "same key as `optimizer.max_gradient_value` (give one). Not set: no clipping."))
-    metrics: Metrics = Field([], description=(
-        "The metrics `cerebrax eval` and validation compute besides the mean loss. Not "
-        "with a Model Zoo model, which updates its own."))
+    metrics: Metrics = _same_in_both("metrics", [])
     runconfig: RunConfigV1 = Field(RunConfigV1(), description=(
         "How the run goes: its length, checkpoints, logging, directories and backend, "
         "and, from `num_csx` on, the fields of the CSX backend's `ClusterConfig`."))
@@ -614,13 +642,9 @@ class BackendV2(Section):
         "The cluster of a CSX run: `ClusterConfig`'s fields, as listed under "
         "`runconfig` (`num_csx`, `execution_mode`, `python_paths`, ...). Not set: their "
         "defaults."))
-    compile_dir: Text | None = Field(None, description=(
-        "Where `cerebrax compile` writes the HLO text and memory reports, and where JAX's "
-        "compilation cache lives. Not set: `model_dir/compile`."))
-    compile_only: refused("run `cerebrax compile CONFIG.yaml` instead",
-                          "Model Zoo's switch to compile without running.") = None
-    validate_only: refused("run `cerebrax validate CONFIG.yaml` instead",
-                           "Model Zoo's switch to check the model without compiling it.") = None
+    compile_dir: Text | None = _same_in_both("compile_dir", None)
+    compile_only: CompileOnly = None
+    validate_only: ValidateOnly = None
 
 
 class PrecisionV2(LossScaling):
@@ -630,20 +654,13 @@ class PrecisionV2(LossScaling):
     fp16_type: HalfDtype | None = Field(None, description=(
         "The dtype the model computes in under mixed precision (`cstorch.amp.set_half_dtype`). "
         "Not set: float16 on CSX, float32 on CPU and GPU."))
-    precision_opt_level: Count0 | None = Field(None, description=(
-        "Cerebras' precision optimization level: printed in the log, with no effect on "
-        "the emulation, which computes in the half dtype."))
+    precision_opt_level: Count0 | None = _same_in_both("precision_opt_level", None)
 
 
 class LoopV2(Section):
-    num_steps: Count | None = Field(None, description=(
-        "The total number of training steps of the run: a resumed run trains the steps "
-        "that remain. `cerebrax fit` needs it (or `max_steps`, or `num_epochs`)."))
-    max_steps: Count | None = Field(None, description=(
-        "Model Zoo's name for `num_steps` (give one, or the same value)."))
-    num_epochs: Count | None = Field(None, description=(
-        "Train for this many passes over the training data instead of a number of steps "
-        "(not with `num_steps` or `max_steps`)."))
+    num_steps: Count | None = _same_in_both("num_steps", None)
+    max_steps: Count | None = _same_in_both("max_steps", None)
+    num_epochs: Count | None = _same_in_both("num_epochs", None)
     eval_steps: Count | None = Field(None, description=(
         "How many batches an evaluation reads, the same key as the val_dataloader's "
         "`num_steps` (give one, or the same value). Not set: one pass over the data."))
@@ -658,23 +675,14 @@ class LoopV2(Section):
 
 
 class CheckpointV2(Section):
-    steps: Count0 = Field(0, description=(
-        "`cerebrax fit` saves `model_dir/checkpoint_<step>.mdl` every this many steps and "
-        "after the last one; 0: after the last step only."))
-    save_initial_checkpoint: Flag = Field(False, description=(
-        "`true`: save `checkpoint_0.mdl`, the initial weights, before the first step."))
-    keep_last_n: Count | None = Field(None, description=(
-        "Once a checkpoint is written, delete those older than the newest this many, "
-        "except the ones `keep_every_n_steps` keeps. Not set: keep every checkpoint."))
-    keep_every_n_steps: Count | None = Field(None, description=(
-        "With `keep_last_n`: never delete the checkpoints whose step is a multiple of "
-        "this. Not set: none is kept apart."))
+    steps: Count0 = _same_in_both("checkpoint_steps", 0)
+    save_initial_checkpoint: Flag = _same_in_both("save_initial_checkpoint", False)
+    keep_last_n: Count | None = _same_in_both("keep_last_n", None)
+    keep_every_n_steps: Count | None = _same_in_both("keep_every_n_steps", None)
 
 
 class LoggingV2(Section):
-    log_steps: Count = Field(1, description=(
-        "`cerebrax fit` prints the loss, and writes it to TensorBoard, every this many "
-        "steps."))
+    log_steps: Count = _same_in_both("log_steps", 1)
 
 
 def _one_optimizer(value: Any) -> Any:
@@ -693,16 +701,9 @@ class InitV2(Section):
     backend: BackendV2 | None = Field(None, description=(
         "The backend: its type, the cluster of a CSX run and the compile directory. Not "
         "set: a CSX backend with `ClusterConfig`'s defaults."))
-    model_dir: Text = Field("./model_dir", description=(
-        "The run's directory: its checkpoints, recorded config, TensorBoard events and "
-        "logs. `cerebrax fit` resumes the run it holds; `--model_dir` overrides it."))
-    seed: Integer | None = Field(None, description=(
-        "Seeds Python's, numpy's and torch's generators, and is the `seed` argument of a "
-        "model factory or input function that takes one (unless its section sets it). "
-        "Not set: unseeded."))
-    model: ModelSection = Field(description=(
-        "The model: `factory`, your function that builds it, or `name`, a Model Zoo "
-        "model."))
+    model_dir: Text = _same_in_both("model_dir", "./model_dir")
+    seed: Integer | None = _same_in_both("seed", None)
+    model: ModelSection = _same_in_both("model")
     optimizer: _expect("a mapping {NAME: {hyperparameters}}, e.g. {SGD: {lr: 0.01}}",
                        _one_optimizer) = Field(None, description=(
         "The optimizer: the name of a `cstorch.optim` class (case-insensitive) and its "
@@ -718,9 +719,7 @@ class InitV2(Section):
     checkpoint: CheckpointV2 = Field(CheckpointV2(), description=(
         "When `cerebrax fit` saves checkpoints, and which ones it keeps."))
     logging: LoggingV2 = Field(LoggingV2(), description="How often `cerebrax fit` logs.")
-    metrics: Metrics = Field([], description=(
-        "The metrics `cerebrax eval` and validation compute besides the mean loss. Not "
-        "with a Model Zoo model, which updates its own."))
+    metrics: Metrics = _same_in_both("metrics", [])
     callbacks: refused("callbacks are not built in cerebrax; remove the key",
                        "Model Zoo's Trainer callbacks.") = None
     loggers: refused("cerebrax logs to stdout (and a progress bar); remove the key",
