@@ -14,7 +14,15 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["check_int", "is_array", "is_strict_int", "is_torch_module", "is_torch_tensor"]
+__all__ = ["check_int", "is_array", "is_prng_key", "is_strict_int", "is_torch_module",
+           "is_torch_tensor"]
+
+
+def is_prng_key(x: Any) -> bool:
+    """Whether ``x`` is an array of typed PRNG keys (``jax.random.key``), which numpy
+    cannot hold and sharding cannot split: its ``jax.random.key_data`` can."""
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def is_torch_tensor(x: Any) -> bool:

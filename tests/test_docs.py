@@ -120,17 +120,29 @@ def test_command_page_configs_validate(config: str, tmp_path: pathlib.Path) -> N
     assert "validated" in done.stdout + done.stderr
 
 
-def test_a_failing_example_fails() -> None:
+def test_a_failing_example_fails(tmp_path: pathlib.Path) -> None:
     """The doctest runner and the page extraction see a wrong example."""
     test = doctest.DocTestParser().get_doctest(">>> 1 + 1\n3\n", {}, "wrong", None, 0)
     runner = doctest.DocTestRunner()
     runner.run(test, out=lambda _: None)
     assert runner.summarize(verbose=False).failed == 1
     page = "text\n\n```python\nx = 1\n```\n\n```bash\nls\n```\n\n````python\ny = 2\n````\n"
-    fake = DOCS / "_generated" / "page_example_check.md"
-    fake.parent.mkdir(exist_ok=True)
+    fake = tmp_path / "page.md"
     fake.write_text(page)
-    try:
-        assert page_examples(fake) == "x = 1\n\n\ny = 2\n"
-    finally:
-        fake.unlink()
+    assert page_examples(fake) == "x = 1\n\n\ny = 2\n"
+
+
+def test_the_wafer_figures_refuse_a_process_with_one_device(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figure script needs 8 emulated devices; in a process whose JAX started with
+    one it says how to run it instead (tests/multidevice draws the figures)."""
+    assert jax.device_count() == 1  # JAX starts here, before the script's import adds
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # its device flag
+    spec = importlib.util.spec_from_file_location("wafer_figures_check",
+                                                  DOCS / "_ext" / "wafer_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(RuntimeError, match=r"need 8 emulated devices, JAX has 1: run "
+                                           r"`python docs/_ext/wafer_figures.py OUT_DIR`"):
+        module.write_figures(tmp_path)
+    assert not any(tmp_path.iterdir())

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _state, wse
-from .._filters import is_array, is_torch_module, is_torch_tensor
+from .._filters import is_array, is_prng_key, is_torch_module, is_torch_tensor
 from .._interop import as_jax, to_numpy, torch_to_jax
 from .._precision import cast_floating, compute_dtype
 from .._runtime import RUNTIME
@@ -235,7 +235,7 @@ class CompiledModel:
     def _write_slot(self, name: str, ref: _state.StateRef, value: Any) -> None:
         value = to_numpy(value)
         old = ref.stored
-        typed_key = _is_typed_key(old)
+        typed_key = is_prng_key(old)
         want = _key_data(old) if typed_key else old  # a key is loaded from its data
         if tuple(value.shape) != tuple(want.shape):
             raise StateError(
@@ -407,11 +407,6 @@ def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel: 
     )
 
 
-def _is_typed_key(value: Any) -> bool:
-    return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype,
-                                                                  jax.dtypes.prng_key)
-
-
 def _key_data(value: Any) -> Any:
     """``value``, or the uint32 data of a typed PRNG key (numpy cannot hold a key)."""
-    return jax.random.key_data(value) if _is_typed_key(value) else value
+    return jax.random.key_data(value) if is_prng_key(value) else value

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from .._filters import is_array
+from .._filters import is_array, is_prng_key
 from ..errors import ConfigError
 
 
@@ -151,7 +151,7 @@ def _check_circular_micro_batches(inputs: _MicroBatchedInputs, mesh: Mesh,
 
 def _key_data(key: Any) -> tuple[Any, bool]:
     """``(raw key data or None, whether key is a typed key)``: raw data crosses shard_map."""
-    typed = key is not None and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    typed = is_prng_key(key)
     data = None if key is None else (jax.random.key_data(key) if typed else key)
     return data, typed
 

@@ -31,6 +31,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .._filters import is_prng_key
 from ..errors import ConfigError
 from ._mesh import Wafer
 
@@ -62,7 +63,7 @@ class Layout:
             return self.replicated
         shape = tuple(getattr(leaf, "shape", ()))
         dim = _largest_divisible_dim(shape, self.wafer.inner_size)
-        if dim is None or jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        if dim is None or is_prng_key(leaf):
             return self.replicated
         spec = [None] * len(shape)
         spec[dim] = self.wafer.inner_axis

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from .. import _state
+from .._filters import is_prng_key
 from ..errors import ConfigError
 
 __all__ = ["MemoryReport", "check_memory_budget", "memory_report", "report_for_compiled"]
@@ -82,7 +83,7 @@ def _optimizer_ref_ids() -> set[int]:
 
 def _leaf_bytes(leaf: Any, sharding: Any = None) -> int:
     """Bytes of ``leaf``, or of one device's shard under ``sharding``."""
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    if is_prng_key(leaf):
         leaf = jax.random.key_data(leaf)
     shape = tuple(leaf.shape)
     if sharding is not None and shape:
