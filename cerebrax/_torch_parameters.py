@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
@@ -14,14 +15,44 @@ from torch.overrides import TorchFunctionMode
 from torch_bridge import stand_in
 
 from ._runtime import RUNTIME
+from .errors import UnsupportedOpError
 
-__all__ = ["ParameterReads"]
+__all__ = ["ParameterReads", "apply_gradient_hooks", "hook_signature"]
+
+MSG_HOOK_IN_STEP = """\
+{what} on a compiled model's parameter was called inside a traced step. The step is
+traced once, so a hook registered in it would be registered once, where torch registers
+it again at every step. Register parameter hooks before the step is first called; they
+apply at every step:
+
+    for p in model.parameters():
+        p.register_hook(lambda grad: grad.clamp(-1, 1))
+    @cstorch.trace
+    def training_step(x, y): ..."""
+
+MSG_POST_ACCUMULATE_HOOK = """\
+A compiled model's parameter {name!r} has a hook registered with
+register_post_accumulate_grad_hook. cerebrax does not run these: the gradients exist
+only inside the compiled step, after its backward pass. Do the hook's work in the step,
+after loss.backward() (e.g. on p.grad), or with a gradient hook (p.register_hook),
+which cerebrax applies to the gradient as torch does."""
+
+MSG_DATA_SHAPE = """\
+`p.data = tensor` inside a traced step gives a compiled parameter of shape {old} a
+value of shape {new}. A compiled model's parameters keep their shapes (the step is one
+static graph). Assign a tensor of the parameter's shape, or build the model with the
+new shape before cstorch.compile."""
 
 # Attribute access that concerns the parameter object itself, not its value: torch
 # routes property getters and setters (``p.grad``, ``p.requires_grad``, ``p.shape``)
-# through the mode as ``__get__``/``__set__``; of those only ``p.data`` reads the value.
+# through the mode as ``__get__``/``__set__``; of those only ``p.data`` reads the value,
+# and ``p.data = t`` writes it. (The method-wrappers are made anew at every access:
+# they compare equal, never identical.)
 _OBJECT_ACCESS = ("__get__", "__set__", "__delete__")
 _DATA = torch.Tensor.data.__get__
+_SET_DATA = torch.Tensor.data.__set__
+_HOOK_REGISTRATIONS = (torch.Tensor.register_hook,
+                       torch.Tensor.register_post_accumulate_grad_hook)
 
 
 class ParameterReads(TorchFunctionMode):
@@ -62,8 +93,57 @@ class ParameterReads(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if torch.compiler.is_exporting() or (
-                getattr(func, "__name__", None) in _OBJECT_ACCESS and func is not _DATA):
+        if torch.compiler.is_exporting():
+            return func(*args, **kwargs)
+        if func == _SET_DATA:
+            return self._set_data(*args)
+        if func in _HOOK_REGISTRATIONS and self._stand_in_of(args[0]) is not args[0]:
+            raise UnsupportedOpError(MSG_HOOK_IN_STEP.format(what=func.__name__))
+        if getattr(func, "__name__", None) in _OBJECT_ACCESS and func != _DATA:
             return func(*args, **kwargs)
         args, kwargs = pytree.tree_map(self._stand_in_of, (args, kwargs))
         return func(*args, **kwargs)
+
+    def _set_data(self, tensor: Any, value: Any) -> None:
+        """``p.data = value``: a parameter's new value, kept in the compiled state."""
+        target = self._stand_in_of(tensor)
+        if target is tensor:  # not a compiled parameter: torch's own assignment
+            _SET_DATA(tensor, value)
+            return
+        if tuple(value.shape) != tuple(target.shape):
+            raise UnsupportedOpError(MSG_DATA_SHAPE.format(
+                old=tuple(target.shape), new=tuple(value.shape)))
+        with torch.no_grad():
+            target.copy_(value)
+
+
+def hook_signature(originals: Any) -> tuple:
+    """The gradient hooks registered on torch parameters ``originals`` now: which
+    hooks, on which parameter, in order (a traced step applies the ones it saw)."""
+    return tuple((id(t), tuple(t._backward_hooks or {}))
+                 for t in originals if t._backward_hooks)
+
+
+def apply_gradient_hooks(grads: dict, aliases: list[tuple[Any, Any]]) -> None:
+    """Runs the gradient hooks of each torch parameter on its gradient, as torch runs
+    them on a leaf's gradient before it is accumulated into ``.grad``: in registration
+    order, each on the previous one's result, a hook that returns None keeping it.
+
+    Args:
+      grads: the step's gradients by compiled parameter (JAX values), updated in place.
+      aliases: ``(torch parameter, compiled parameter)`` pairs.
+    """
+    from torch_bridge import JaxTensor
+
+    for original, p in aliases:
+        if getattr(original, "_post_accumulate_grad_hooks", None):
+            raise UnsupportedOpError(MSG_POST_ACCUMULATE_HOOK.format(name=p.name))
+        hooks = original._backward_hooks
+        if not hooks or grads.get(p) is None:
+            continue
+        grad = JaxTensor(grads[p], original.dtype)
+        for hook in list(hooks.values()):
+            result = hook(grad)
+            if result is not None:
+                grad = result
+        grads[p] = grad._jax if isinstance(grad, JaxTensor) else jnp.asarray(grad)

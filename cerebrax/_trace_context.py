@@ -167,7 +167,12 @@ class TraceContext:
             value = jax.tree.map(lambda n, o: jnp.where(self._condition, n, o), value, old)
         if self.phase == "forward":
             self.written[ref] = None
-            self.diff.pop(ref, None)
+            primal = self.diff.get(ref)
+            if primal is not None:
+                # A differentiated parameter written before the backward pass (``p.data``,
+                # or in place under ``no_grad``) stays a leaf, as in torch: later reads see
+                # the new value, and their gradient flows to the parameter.
+                self.diff[ref] = jax.tree.map(_leaf_at, primal, value)
         self.values[ref] = value
 
     def skip_writes_unless(self, flag: jax.Array) -> None:
@@ -377,6 +382,7 @@ class TraceContext:
         if self.loss is not None:
             (grads,) = vjp_fn(jnp.ones_like(loss_out))
             self._grads = dict(zip(self._differentiated, grads))
+            _apply_parameter_hooks(self)
         for call, routed, result in self.deferred:
             cargs, ckwargs = self.unroute(routed)
             result.resolve(call(*cargs, **ckwargs))
@@ -431,6 +437,11 @@ class TraceContext:
 _SUSPENDED = object()
 
 
+def _leaf_at(primal: jax.Array, value: jax.Array) -> jax.Array:
+    """``value``, with the derivative of ``primal``: a leaf whose value was replaced."""
+    return jax.lax.stop_gradient(value) + (primal - jax.lax.stop_gradient(primal))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Finished:
     """What the step's greenlet returns when the step's code has run to its end."""
@@ -458,6 +469,16 @@ def _live_torch_parameters(ctx: TraceContext) -> Iterator[None]:
 
     with ParameterReads(aliases):
         yield
+
+
+def _apply_parameter_hooks(ctx: TraceContext) -> None:
+    """The torch parameters' gradient hooks (``p.register_hook``) on the new gradients."""
+    aliases = [(original, p) for original, p in RUNTIME.parameter_aliases.items()
+               if p in ctx._grads]
+    if aliases:
+        from ._torch_parameters import apply_gradient_hooks
+
+        apply_gradient_hooks(ctx._grads, aliases)
 
 
 @contextlib.contextmanager

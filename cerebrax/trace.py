@@ -32,6 +32,7 @@ from . import _closures, _state, wse
 from ._filters import is_array, is_torch_tensor
 from ._interop import as_jax, torch_origin, torch_to_jax
 from ._placement import put_many
+from ._runtime import RUNTIME
 from ._trace_context import DeferredValue, StepRecord, TraceContext, backward
 from .backend import Backend, current_backend, flags_report, get_or_create_backend
 from .errors import ConfigError, RecompileError, StateError, TensorReadError
@@ -86,6 +87,12 @@ A Python list or tuple is structure, not data: each item is a separate input, an
 Python number in it is a constant of the graph. Make the batch arrays instead, e.g.
 np.asarray(inputs) or np.stack(list_of_samples)"""
 
+MSG_HOOKS_CHANGED = """\
+The traced step `{name}` was compiled with the gradient hooks its model's parameters
+had then (p.register_hook), but hooks were registered or removed since. The hooks are
+part of the graph, which compiles once: register every hook before the step is first
+called, and remove none while it is used (or trace another step for the new hooks)."""
+
 _READ_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
@@ -113,6 +120,7 @@ class TracedStep:
         self._out_torch: list = []  # the torch dtype of each output array (None: JAX)
         self._closure_calls: list[_closures.ClosureCall] = []
         self._modes: list[tuple[Any, bool]] = []
+        self._hooks: tuple = ()  # the torch parameters' gradient hooks the program applies
         self._state_shardings: list | None = None
         self._input_shardings: list | None = None
         self._spans_processes = False  # the wafer mesh has devices of other processes
@@ -230,6 +238,7 @@ class TracedStep:
                 ) from e
             record = ctx.finish(self._refs, out)
             self._modes = [(m, m.training) for m in record.models]
+            self._hooks = _parameter_hooks()
             new_values, out_arrays, closure_arrays = self._finish(record, state_values)
             if self._state_shardings is not None:
                 new_values = jax.lax.with_sharding_constraint(new_values,
@@ -311,6 +320,8 @@ class TracedStep:
         return out
 
     def _check_modes(self) -> None:
+        if self._hooks != _parameter_hooks():
+            raise RecompileError(MSG_HOOKS_CHANGED.format(name=self.__name__))
         for model, mode in self._modes:
             if model.training != mode:
                 raise RecompileError(
@@ -525,3 +536,13 @@ def _as_torch_outputs(arrays: list, torch_dtypes: list) -> list:
     from torch_bridge import JaxTensor
 
     return [x if d is None else JaxTensor(x, d) for x, d in zip(arrays, torch_dtypes)]
+
+
+def _parameter_hooks() -> tuple:
+    """The gradient hooks on compiled torch parameters now (see ``_check_modes``)."""
+    originals = [original for original, _ in RUNTIME.parameter_aliases.items()]
+    if not originals:
+        return ()
+    from ._torch_parameters import hook_signature
+
+    return hook_signature(originals)

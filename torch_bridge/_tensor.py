@@ -157,7 +157,7 @@ class JaxTensor(torch.Tensor):
             self._value = value
             return
         base, fn = self._view
-        if fn is _detached:
+        if fn is _detached and _root(base)._source is None:
             raise UnsupportedOpError(MSG_DETACHED_WRITE)
         if self.dtype != base.dtype:  # view(torch.int32) of a float tensor, say
             raise UnsupportedOpError(MSG_REINTERPRETING_WRITE)
@@ -281,8 +281,15 @@ def _viewing(view: JaxTensor, base: JaxTensor, fn: Callable) -> JaxTensor:
 
 
 def _detached(value: jax.Array) -> jax.Array:
-    """``x.detach()``'s view function."""
-    return value
+    """``x.detach()``'s view function: the value, without a gradient."""
+    return jax.lax.stop_gradient(value)
+
+
+def _root(tensor: JaxTensor) -> JaxTensor:
+    """The tensor that ``tensor`` views, through views of views (itself if no view)."""
+    while tensor._view is not None:
+        tensor = tensor._view[0]
+    return tensor
 
 
 def stand_in(source: Any, like: torch.Tensor) -> JaxTensor:

@@ -1,0 +1,178 @@
+"""torch's own autograd machinery inside a traced step, each construct a named test.
+
+Every construct here once trained differently from torch eager without a word, or failed
+with torch's raw error. Each test runs one step description (:mod:`machinery`) in torch
+eager and through cerebrax and compares losses and final weights at float32 (rel 1e-5),
+or checks that cerebrax refuses the construct at trace time with a
+:class:`cerebrax.errors.CerebraxError` that names the fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import cerebrax as cstorch
+import machinery as M
+from machinery import check, plain_step
+
+F = torch.nn.functional
+
+
+# ---- .data and detach() -----------------------------------------------------------------
+def _clip_weights_through_data(net, module, optimizer, x, y):
+    """WGAN's weight clipping: ``p.data.clamp_`` under ``no_grad`` after the update."""
+    loss = plain_step(net, module, optimizer, x, y)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.data.clamp_(-0.2, 0.2)
+    return loss
+
+
+def test_a_write_through_p_data_after_the_update_changes_the_parameter():
+    """``p.data.clamp_(-0.2, 0.2)`` after ``optimizer.step()`` clips the weights (it was
+    lost: max|w| stayed 0.407 where torch has 0.2)."""
+    check(_clip_weights_through_data)
+    _, weights = M.run(_clip_weights_through_data, eager=False)
+    assert max(abs(w).max() for w in weights.values()) == np.float32(0.2)
+
+
+def test_zeroing_a_parameter_through_data_and_through_detach():
+    """``p.data.zero_()`` and ``p.detach().mul_(0.5)`` write the parameter, as torch's
+    shared storage does."""
+    def body(net, module, optimizer, x, y):
+        loss = plain_step(net, module, optimizer, x, y)
+        module.fc2.bias.data.zero_()
+        module.fc1.weight.detach().mul_(0.5)
+        return loss
+
+    check(body)
+
+
+def test_assigning_p_data_replaces_the_parameters_value():
+    """``p.data = tensor`` after the update sets the parameter's value."""
+    def body(net, module, optimizer, x, y):
+        loss = plain_step(net, module, optimizer, x, y)
+        module.fc1.weight.data = module.fc1.weight.data * 0.9 + 0.01
+        return loss
+
+    check(body)
+
+
+def test_a_write_through_data_before_the_forward_keeps_the_gradient():
+    """``p.data.mul_(0.9)`` before the forward pass changes the value the forward reads;
+    the parameter is still a leaf: its gradient is the loss's at the new value."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        module.fc1.weight.data.mul_(0.9)
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    check(body)
+
+
+def test_reads_of_data_and_detach_carry_no_gradient():
+    """``p.data`` and ``x.detach()`` in the loss are constants of the backward pass, as in
+    torch: a product ``out * out.detach()`` has the gradient of ``out`` times its value,
+    not twice that (the detach was ignored, and the weights ended 0.8 away)."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        out = net(x)
+        w = module.fc1.weight
+        loss = (F.mse_loss(out, y) + 0.1 * (out * out.detach()).mean()
+                + 0.1 * (w * w.detach()).sum() + 0.1 * (w.data * w).sum())
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    check(body)
+
+
+def test_a_write_into_a_detached_activation_is_still_refused():
+    """An activation's ``detach()`` written in place changes the activation's values but
+    not its gradient in torch; cerebrax refuses it (only a parameter's ``.data`` and
+    ``detach()`` are writable: they are the parameter's storage)."""
+    def body(net, module, optimizer, x, y):
+        out = net(x)
+        out.detach()[0].zero_()
+        return F.mse_loss(out, y)
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match=r"detach\(\)\.clone\(\)"):
+        M.run(body, eager=False)
+
+
+# ---- parameter hooks --------------------------------------------------------------------
+def _with_hooks(*hooks):
+    """Builds the MLP with ``hooks`` registered on ``fc1.weight`` and ``fc2.bias``."""
+    def build():
+        module = M.Mlp()
+        for hook in hooks:
+            module.fc1.weight.register_hook(hook)
+            module.fc2.bias.register_hook(hook)
+        return module
+
+    return build
+
+
+def test_a_parameter_hook_changes_the_parameters_gradient():
+    """``p.register_hook(lambda g: g.clamp(-0.01, 0.01))`` before training clamps the
+    gradient of ``p`` at every step (the hook was ignored: weights 7.8% away)."""
+    check(build=_with_hooks(lambda g: g.clamp(-0.01, 0.01)))
+
+
+def test_parameter_hooks_chain_in_registration_order():
+    """Each hook gets the previous one's result; one that returns None keeps it."""
+    check(build=_with_hooks(lambda g: g * 3, lambda g: None, lambda g: g.clamp(-0.05, 0.05)))
+
+
+def test_a_parameter_hook_sees_the_gradient_clipping_then_clips():
+    """A hook runs before ``clip_grad_norm_`` (on the gradient of the backward pass)."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 0.05)
+        optimizer.step()
+        return loss
+
+    check(body, build=_with_hooks(lambda g: g.sign() * g.abs().sqrt()))
+
+
+def test_registering_a_parameter_hook_inside_the_step_is_refused():
+    """torch registers a hook again at every step; a traced step would register it once."""
+    def body(net, module, optimizer, x, y):
+        module.fc1.weight.register_hook(lambda g: g * 2)
+        return plain_step(net, module, optimizer, x, y)
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match="before the step is first"):
+        M.run(body, eager=False)
+
+
+def test_a_hook_removed_after_the_step_compiled_is_a_recompile_error():
+    """The compiled step applies the hooks it saw; removing one later raises instead of
+    training on with it."""
+    cstorch.reset()
+    module = M.Mlp()
+    handle = module.fc1.weight.register_hook(lambda g: g * 2)
+    net = cstorch.compile(module, cstorch.backend("CPU"))
+    optimizer = cstorch.optim.SGD(module.parameters(), lr=0.1)
+    step = cstorch.trace(lambda x, y: plain_step(net, module, optimizer, x, y))
+    (x, y), = M.batches(1)
+    step(x, y)
+    handle.remove()
+    with pytest.raises(cstorch.errors.RecompileError, match="hooks were registered or removed"):
+        step(x, y)
+    cstorch.reset()
+
+
+def test_a_post_accumulate_grad_hook_is_refused():
+    def build():
+        module = M.Mlp()
+        module.fc1.bias.register_post_accumulate_grad_hook(lambda p: None)
+        return module
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match="register_post_accumulate"):
+        M.run(build=build, eager=False)
