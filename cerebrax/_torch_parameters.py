@@ -14,6 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from torch_bridge import stand_in
 
+from . import _grad_regions
 from ._runtime import RUNTIME
 from .errors import UnsupportedOpError
 
@@ -29,6 +30,11 @@ apply at every step:
         p.register_hook(lambda grad: grad.clamp(-1, 1))
     @cstorch.trace
     def training_step(x, y): ..."""
+
+MSG_REQUIRES_GRAD_IN_STEP = """\
+requires_grad of a compiled model's parameter was changed inside a traced step. Which
+parameters are trained is part of the compiled graph: set p.requires_grad (or
+p.requires_grad_()) before the step is first called, and before the optimizer is made."""
 
 MSG_POST_ACCUMULATE_HOOK = """\
 A compiled model's parameter {name!r} has a hook registered with
@@ -51,6 +57,7 @@ new shape before cstorch.compile."""
 _OBJECT_ACCESS = ("__get__", "__set__", "__delete__")
 _DATA = torch.Tensor.data.__get__
 _SET_DATA = torch.Tensor.data.__set__
+_REQUIRES_GRAD = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 _HOOK_REGISTRATIONS = (torch.Tensor.register_hook,
                        torch.Tensor.register_post_accumulate_grad_hook)
 
@@ -99,6 +106,11 @@ class ParameterReads(TorchFunctionMode):
             return self._set_data(*args)
         if func in _HOOK_REGISTRATIONS and self._stand_in_of(args[0]) is not args[0]:
             raise UnsupportedOpError(MSG_HOOK_IN_STEP.format(what=func.__name__))
+        autograd = _autograd_call(func)
+        if autograd is not None:
+            if func in _REQUIRES_GRAD and self._stand_in_of(args[0]) is not args[0]:
+                return _requires_grad_of_parameter(*args, **kwargs)
+            return autograd(*args, **kwargs)
         if getattr(func, "__name__", None) in _OBJECT_ACCESS and func != _DATA:
             return func(*args, **kwargs)
         args, kwargs = pytree.tree_map(self._stand_in_of, (args, kwargs))
@@ -147,3 +159,33 @@ def apply_gradient_hooks(grads: dict, aliases: list[tuple[Any, Any]]) -> None:
             if result is not None:
                 grad = result
         grads[p] = grad._jax if isinstance(grad, JaxTensor) else jnp.asarray(grad)
+
+
+def _autograd_call(func: Any) -> Any:
+    """cerebrax's version of a torch autograd entry point called in a step, or None."""
+    if func == torch.Tensor.requires_grad_ or func == torch.Tensor.requires_grad.__set__:
+        return _grad_regions.requires_grad_
+    if func is torch.autograd.grad:
+        return _grad_regions.grad
+    if func is torch.autograd.backward:
+        return _backward
+    return None
+
+
+def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
+              create_graph: bool = False, grad_variables: Any = None,
+              inputs: Any = None) -> None:
+    """``torch.autograd.backward(loss)``: ``loss.backward()``."""
+    tensors = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+    if grad_tensors is not None or grad_variables is not None or len(tensors) != 1:
+        raise UnsupportedOpError(
+            "torch.autograd.backward in a traced step differentiates one scalar loss, "
+            "without grad_tensors: call loss.backward() (sum several losses first).")
+    tensors[0].backward(retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
+
+
+def _requires_grad_of_parameter(p: Any, requires_grad: bool = True) -> Any:
+    """``p.requires_grad_(flag)`` on a compiled parameter: refused where it changes."""
+    if bool(requires_grad) != p.requires_grad:
+        raise UnsupportedOpError(MSG_REQUIRES_GRAD_IN_STEP)
+    return p

@@ -25,7 +25,7 @@ import greenlet
 import jax
 import jax.numpy as jnp
 
-from . import _closures, _state
+from . import _closures, _grad_regions, _state
 from ._filters import is_torch_tensor
 from ._interop import as_jax, torch_to_jax
 from ._runtime import RUNTIME
@@ -139,6 +139,10 @@ class TraceContext:
         self.torch_grads: dict[_state.Parameter, Any] = {}
         self._torch_code = False  # True while torch code runs after loss.backward()
         self._jax_code = 0  # > 0 inside an optimizer's own step (see with_jax_gradients)
+        # torch.autograd.grad regions (cerebrax._grad_regions), and the torch tensors
+        # made in the forward pass so far (weak references).
+        self.regions: list = []
+        self.made: list = []
 
     # ---- state -----------------------------------------------------------------
     def read(self, ref: _state.StateRef) -> Any:
@@ -350,8 +354,10 @@ class TraceContext:
 
         def forward(primals):
             self.diff = dict(zip(diff_refs, primals))
-            with _recording_torch_tensors(created):
-                result = self.worker.switch()
+            with _recording_torch_tensors(created) as made:
+                self.made = made
+                result = _grad_regions.serve(self, self.worker.switch())
+            self.made = []
             finished = isinstance(result, _Finished)
             out_routed = self.route(result.value) if finished else None
             # Views take their value from their base: only the others get one.
@@ -389,7 +395,8 @@ class TraceContext:
         if out_routed is not None:
             return self.unroute(out_routed)
         with self._torch_parameter_grads():
-            result = self.worker.switch()  # the torch code after loss.backward()
+            # the torch code after loss.backward()
+            result = _grad_regions.serve(self, self.worker.switch())
         return result.value
 
     def finish(self, refs: list[_state.StateRef], outputs: Any) -> StepRecord:
@@ -407,7 +414,7 @@ class TraceContext:
             raise StateError(
                 "loss.backward() was called outside the traced step's own code (in a "
                 "thread or greenlet of its own). Call it in the step function.")
-        self.worker.parent.switch(_SUSPENDED)
+        self.worker.parent.switch(SUSPENDED)
 
     @contextlib.contextmanager
     def _torch_parameter_grads(self) -> Iterator[None]:
@@ -434,7 +441,7 @@ class TraceContext:
             self._torch_code = False
 
 
-_SUSPENDED = object()
+SUSPENDED = object()
 
 
 def _leaf_at(primal: jax.Array, value: jax.Array) -> jax.Array:
@@ -485,13 +492,13 @@ def _apply_parameter_hooks(ctx: TraceContext) -> None:
 def _recording_torch_tensors(created: list) -> Iterator[None]:
     """Lists the torch tensors of the step made while the block runs (if torch is used)."""
     if "torch_bridge" not in sys.modules:
-        yield
+        yield []
         return
     from torch_bridge import on_backward, recording
 
     with recording() as made, on_backward(backward):
         try:
-            yield
+            yield made
         finally:
             created.extend(made)
 

@@ -176,3 +176,85 @@ def test_a_post_accumulate_grad_hook_is_refused():
 
     with pytest.raises(cstorch.errors.UnsupportedOpError, match="register_post_accumulate"):
         M.run(build=build, eager=False)
+
+
+# ---- torch.autograd.grad ----------------------------------------------------------------
+def _gradient_penalty(create_graph: bool):
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        x = x.clone().requires_grad_(True)
+        out = net(x)
+        (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=create_graph,
+                                    retain_graph=True)
+        loss = F.mse_loss(out, y) + 0.1 * gx.pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return body
+
+
+@pytest.mark.parametrize("create_graph", [True, False])
+def test_a_gradient_penalty_on_the_inputs(create_graph):
+    """``torch.autograd.grad(out, x, create_graph=True)`` then ``loss.backward()`` with
+    the penalty in the loss: the penalty's gradient reaches the weights (R1, WGAN-GP);
+    without ``create_graph`` the penalty is a constant of the backward pass. It failed
+    with torch's raw "element 0 of tensors does not require grad"."""
+    check(_gradient_penalty(create_graph))
+
+
+def test_an_inputs_gradient_after_loss_backward():
+    """``x.requires_grad_()`` before the forward gives ``x.grad`` after ``loss.backward()``
+    (a saliency, or an adversarial example's direction)."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        x = x.clone().requires_grad_()
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            module.fc2.bias.add_(x.grad.abs().mean(0)[:3])
+        return loss
+
+    check(body)
+
+
+def test_gradients_of_two_inputs_in_one_call_with_grad_outputs():
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        a = x.clone().requires_grad_()
+        b = (x * 0.5).requires_grad_()
+        out = net(a * b)
+        ga, gb = torch.autograd.grad(out, (a, b), grad_outputs=torch.ones_like(out),
+                                     create_graph=True)
+        loss = F.mse_loss(out, y) + 0.05 * (ga * gb).mean()
+        torch.autograd.backward(loss)
+        optimizer.step()
+        return loss
+
+    check(body)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("parameters", "not supported in a traced step"),
+    ("twice", "once per step"),
+    ("vector", "only for scalar outputs"),
+    ("requires_grad of a parameter", "before the step is first called"),
+])
+def test_autograd_forms_cerebrax_refuses(case, match):
+    def body(net, module, optimizer, x, y):
+        x = x.clone().requires_grad_()
+        out = net(x)
+        if case == "parameters":
+            torch.autograd.grad(out.sum(), list(module.parameters()))
+        elif case == "twice":
+            torch.autograd.grad(out.sum(), x)
+            torch.autograd.grad(out.mean(), x)
+        elif case == "vector":
+            torch.autograd.grad(out, x)
+        else:
+            module.fc1.bias.requires_grad_(False)
+        return F.mse_loss(out, y)
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match=match):
+        M.run(body, eager=False)
