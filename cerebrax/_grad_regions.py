@@ -125,7 +125,7 @@ def requires_grad_(tensor: Any, flag: bool = True) -> Any:
             "x.requires_grad_(True) inside a traced step on a view of another tensor: "
             "make the differentiable tensor a copy first, x = x.clone().requires_grad_()")
     torch.Tensor.requires_grad_(tensor, True)
-    ctx.worker.parent.switch(Open(tensor))
+    ctx.suspend(Open(tensor))
     return tensor
 
 
@@ -151,7 +151,7 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: Any 
     cotangents = _cotangents(outputs, _as_tuple(grad_outputs) if grad_outputs is not None
                              else None)
     values = [jnp.asarray(o._jax if isinstance(o, JaxTensor) else o) for o in outputs]
-    results = ctx.worker.parent.switch(Close(values, cotangents, list(inputs)))
+    results = ctx.suspend(Close(values, cotangents, list(inputs)))
     grads = []
     for t in inputs:
         g = results[id(t)]
@@ -185,7 +185,7 @@ def _open(ctx: TraceContext, tensor: Any) -> Any:
         tensor._value = value
         before = _snapshot(ctx)
         with recording() as made:
-            message = serve(ctx, ctx.worker.switch(tensor))
+            message = serve(ctx, ctx.resume(tensor))
         box["message"] = message
         tensors = [t for t in (r() for r in list(getattr(ctx, "made", [])) + made)
                    if t is not None and not is_view(t) and t is not tensor]
@@ -203,7 +203,7 @@ def _open(ctx: TraceContext, tensor: Any) -> Any:
         if any(t is tensor for t in message.inputs):
             (message.results[id(tensor)],) = vjp_fn(message.cotangents)
         if len(message.results) == len(message.inputs):
-            return ctx.worker.switch(message.results)  # resume after autograd.grad
+            return ctx.resume(message.results)  # after torch.autograd.grad
         return message
     if message is _suspended():  # loss.backward(): the loss, and x.grad
         ctx.loss = out[0]

@@ -349,14 +349,14 @@ class TraceContext:
         """
         diff_refs = self._differentiated
         primals = [self.values[p] for p in diff_refs]
-        self.worker = greenlet.greenlet(lambda: _Finished(fn(*args, **kwargs)))
+        self.worker = greenlet.greenlet(lambda *_: _Finished(fn(*args, **kwargs)))
         created: list = []  # weak references to torch tensors made in the forward pass
 
         def forward(primals):
             self.diff = dict(zip(diff_refs, primals))
             with _recording_torch_tensors(created) as made:
                 self.made = made
-                result = _grad_regions.serve(self, self.worker.switch())
+                result = _grad_regions.serve(self, self.resume())
             self.made = []
             finished = isinstance(result, _Finished)
             out_routed = self.route(result.value) if finished else None
@@ -396,7 +396,7 @@ class TraceContext:
             return self.unroute(out_routed)
         with self._torch_parameter_grads():
             # the torch code after loss.backward()
-            result = _grad_regions.serve(self, self.worker.switch())
+            result = _grad_regions.serve(self, self.resume())
         return result.value
 
     def finish(self, refs: list[_state.StateRef], outputs: Any) -> StepRecord:
@@ -414,7 +414,17 @@ class TraceContext:
             raise StateError(
                 "loss.backward() was called outside the traced step's own code (in a "
                 "thread or greenlet of its own). Call it in the step function.")
-        self.worker.parent.switch(SUSPENDED)
+        self.suspend(SUSPENDED)
+
+    def resume(self, value: Any = None) -> Any:
+        """Runs the step's code (in its greenlet) until it finishes or suspends; returns
+        what it finished or suspended with."""
+        return _switch(self.worker, value)
+
+    def suspend(self, message: Any) -> Any:
+        """Suspends the step's code (called in it) with ``message`` for the trace that
+        runs it; returns the value the trace resumes it with."""
+        return _switch(self.worker.parent, message)
 
     @contextlib.contextmanager
     def _torch_parameter_grads(self) -> Iterator[None]:
@@ -442,6 +452,34 @@ class TraceContext:
 
 
 SUSPENDED = object()
+
+
+def _switch(target: greenlet.greenlet, value: Any) -> Any:
+    """``target.switch(value)``, each greenlet keeping its own torch function modes.
+
+    torch keeps its stack of function modes per thread, and the step's code and the
+    trace share a thread. Code that suspends inside a mode's handler (``requires_grad_``
+    and ``torch.autograd.grad`` do, see :mod:`cerebrax._grad_regions`) does so with the
+    modes above the handler popped; the trace must not run on without them, nor the
+    step's code resume with the trace's."""
+    if "torch" not in sys.modules:
+        return target.switch(value)
+    from torch.overrides import _get_current_function_mode_stack
+
+    mine = _get_current_function_mode_stack()
+    try:
+        return target.switch(value)
+    finally:
+        _set_function_modes(mine)
+
+
+def _set_function_modes(modes: list) -> None:
+    import torch
+
+    while torch._C._len_torch_function_stack():
+        torch._C._pop_torch_function_stack()
+    for mode in modes:
+        torch._C._push_on_torch_function_stack(mode)
 
 
 def _leaf_at(primal: jax.Array, value: jax.Array) -> jax.Array:

@@ -83,6 +83,14 @@ def random_seed() -> jax.Array:
     return _seeded_key(seed & 0xFFFFFFFF, seed >> 32)
 
 
+def _autocast_state() -> tuple:
+    """The CPU autocast setting a call is exported under (its casts are in the graph,
+    so a call inside ``torch.autocast`` and one outside are two graphs)."""
+    if not torch.is_autocast_enabled("cpu"):
+        return ()
+    return ("cpu", torch.get_autocast_dtype("cpu"))
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _seeded_key(low: int, high: int) -> jax.Array:
     # One program (eagerly, each of the four operations would compile one).
@@ -181,7 +189,8 @@ class Converted:
         dtypes = [d if d is not None and not d.is_floating_point and _is_input_array(x)
                   and not isinstance(x, torch.Tensor) else None
                   for x, d in zip(leaves, dtypes)]
-        signature = (train, spec, tuple(_leaf_signature(x) for x in leaves), tuple(dtypes))
+        signature = (train, spec, tuple(_leaf_signature(x) for x in leaves), tuple(dtypes),
+                     _autocast_state())
         program = self._programs.get(signature)
         if program is None:
             examples = [self._example(x, dtype=d) for x, d in zip(leaves, dtypes)]

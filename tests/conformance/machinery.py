@@ -59,13 +59,20 @@ def plain_step(net: Any, module: torch.nn.Module, optimizer: Any, x: torch.Tenso
 
 def run(body: Callable = plain_step, *, eager: bool, build: Callable = Mlp,
         optimizer: Callable = sgd, backend: str = "CPU", half: str = "float32",
-        data: Callable = batches) -> tuple[list[float], dict[str, np.ndarray]]:
-    """Trains ``build()`` with ``body`` as the step: ``(losses, final weights)``."""
+        data: Callable = batches, float64: bool = False
+        ) -> tuple[list[float], dict[str, np.ndarray]]:
+    """Trains ``build()`` with ``body`` as the step: ``(losses, final weights)``.
+
+    ``float64``: torch eager with the model and the data in double (the exact run that
+    half-precision results are bounded against)."""
     if not eager:
         cstorch.reset()
         cstorch.amp.set_half_dtype(half)
     torch.manual_seed(0)
     module = build()
+    if float64:
+        module = module.double()
+        data = _in_double(data)
     net = module if eager else cstorch.compile(module, cstorch.backend(backend))
     opt = optimizer(module, eager)
 
@@ -93,3 +100,28 @@ def assert_same_training(want: tuple, got: tuple, *, rtol: float = 1e-5,
 def check(body: Callable = plain_step, **kwargs: Any) -> None:
     """``body`` trains through cerebrax as in torch eager (float32, rel 1e-5)."""
     assert_same_training(run(body, eager=True, **kwargs), run(body, eager=False, **kwargs))
+
+
+def _in_double(data: Callable) -> Callable:
+    return lambda: [tuple(t.double() for t in batch) for batch in data()]
+
+
+def half_excess(exact: tuple, torch_half: tuple, got: tuple, *, u: float,
+                k: float = 3.0) -> dict[str, tuple[float, float]]:
+    """Where ``got`` is further from the exact run than ``k`` times torch eager's own
+    half-precision error on the quantity plus one rounding (``u``, the half dtype's unit
+    roundoff) of its largest magnitude, as the conformance table bounds float16
+    (``test_table.py``); the losses are one quantity, each weight tensor one. Returns
+    ``{quantity: (error, bound)}`` for the quantities beyond it."""
+    def quantities(run: tuple) -> dict[str, np.ndarray]:
+        return {"losses": np.asarray(run[0], np.float64), **run[1]}
+
+    ref, ours, theirs = quantities(exact), quantities(got), quantities(torch_half)
+    excess = {}
+    for name, value in ref.items():
+        error = float(np.max(np.abs(ours[name] - value)))
+        bound = k * float(np.max(np.abs(theirs[name] - value))) + u * float(
+            np.max(np.abs(value)))
+        if not error <= bound:
+            excess[name] = (error, bound)
+    return excess

@@ -258,3 +258,71 @@ def test_autograd_forms_cerebrax_refuses(case, match):
 
     with pytest.raises(cstorch.errors.UnsupportedOpError, match=match):
         M.run(body, eager=False)
+
+
+# ---- torch.autocast ---------------------------------------------------------------------
+U_BF16 = 2.0**-8  # bfloat16's unit roundoff
+
+
+class _AutocastInForward(M.Mlp):
+    """Runs its layers under ``torch.autocast("cpu", bfloat16)`` inside ``forward``."""
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = super().forward(x)
+        return h.float()
+
+
+def _autocast_step(net, module, optimizer, x, y):
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x)
+        loss = F.mse_loss(out.float(), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+@pytest.mark.parametrize("where", ["step", "forward"])
+def test_autocast_trains_within_the_bfloat16_bound_of_torchs_autocast(where):
+    """``torch.autocast("cpu", dtype=torch.bfloat16)`` around the model call (or inside
+    ``forward``): cerebrax applies torch's own autocast (its op lists decide every cast,
+    in the exported graph and on the step's torch values), so its error against the
+    exact (float64) run is of the size of torch's own autocast run's: at most 3 times it
+    plus one bfloat16 rounding of each quantity's largest value. And its error is well
+    beyond a float32 run's (more than 3 times it): the casts happen."""
+    body, build = ((_autocast_step, M.Mlp) if where == "step"
+                   else (plain_step, _AutocastInForward))
+    exact = M.run(plain_step, eager=True, float64=True)
+    torch_bf16 = M.run(body, eager=True, build=build)
+    got = M.run(body, eager=False, build=build)
+    excess = M.half_excess(exact, torch_bf16, got, u=U_BF16)
+    assert not excess, excess
+    float32 = M.run(plain_step, eager=True)
+    assert M.half_excess(exact, float32, got, u=0.0), "as accurate as float32: no cast"
+
+
+def test_a_model_called_with_and_without_autocast_follows_each():
+    """One compiled model in a step under autocast and in a step without it: each call
+    computes in its own precision (the first call's bfloat16 graph was reused for the
+    second, silently)."""
+    cstorch.reset()
+    torch.manual_seed(0)
+    module = M.Mlp()
+    net = cstorch.compile(module, cstorch.backend("CPU"))
+
+    @cstorch.trace
+    def under_autocast(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return net(x)
+
+    @cstorch.trace
+    def without(x):
+        return net(x)
+
+    (x, _), = M.batches(1)
+    assert under_autocast(x).dtype == torch.bfloat16
+    out = without(x)
+    assert out.dtype == torch.float32
+    np.testing.assert_allclose(out.numpy(), module(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    cstorch.reset()
