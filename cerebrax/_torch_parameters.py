@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 
 from torch_bridge import stand_in
 
-from . import _grad_regions
+from . import _grad_regions, _state
 from ._runtime import RUNTIME
 from .errors import UnsupportedOpError
 
@@ -62,6 +62,29 @@ _HOOK_REGISTRATIONS = (torch.Tensor.register_hook,
                        torch.Tensor.register_post_accumulate_grad_hook)
 
 
+class _TorchWrites:
+    """A compiled parameter as torch code in a step reads and writes it: its writes
+    (``p.data.clamp_``, ``p.copy_`` under ``no_grad``) happen also in a step that loss
+    scaling skips, where only the optimizer's update is skipped."""
+
+    __slots__ = ("parameter",)
+
+    def __init__(self, parameter: Any):
+        self.parameter = parameter
+
+    @property
+    def value(self) -> Any:
+        return self.parameter.value
+
+    @value.setter
+    def value(self, new: Any) -> None:
+        ctx = _state.active_context()
+        if ctx is None:
+            self.parameter.value = new
+        else:
+            ctx.write(self.parameter, new, skippable=False)
+
+
 class ParameterReads(TorchFunctionMode):
     """Gives torch calls a stand-in for each of ``aliases``' torch parameters.
 
@@ -79,7 +102,7 @@ class ParameterReads(TorchFunctionMode):
         for original, p in aliases:
             tensor = self._views.get(p)
             if tensor is None:
-                tensor = self._views[p] = stand_in(p, original)
+                tensor = self._views[p] = stand_in(_TorchWrites(p), original)
                 self._stand_ins[id(p)] = (p, tensor)
             self._stand_ins[id(original)] = (original, tensor)
 

@@ -158,7 +158,10 @@ class TraceContext:
                 "called. Create all models, optimizers and metrics before the first step."
             ) from None
 
-    def write(self, ref: _state.StateRef, value: Any) -> None:
+    def write(self, ref: _state.StateRef, value: Any, *, skippable: bool = True) -> None:
+        """Sets ``ref``'s value in this step. ``skippable=False``: a write that a step
+        skipped by loss scaling keeps (torch code's own writes; only the update is
+        skipped)."""
         old = self.read(ref)
         value = jax.tree.map(jnp.asarray, value)
         problem = _state.same_structure(old, value)
@@ -167,7 +170,7 @@ class TraceContext:
                 f"A traced step wrote a value with {problem} to {ref.name!r}; state keeps "
                 "its structure, shapes and dtypes in a static graph."
             )
-        if self._condition is not None and ref.skippable:
+        if self._condition is not None and ref.skippable and skippable:
             value = jax.tree.map(lambda n, o: jnp.where(self._condition, n, o), value, old)
         if self.phase == "forward":
             self.written[ref] = None

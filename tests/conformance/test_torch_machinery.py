@@ -326,3 +326,47 @@ def test_a_model_called_with_and_without_autocast_follows_each():
     assert out.dtype == torch.float32
     np.testing.assert_allclose(out.numpy(), module(x).detach().numpy(), rtol=1e-5, atol=1e-6)
     cstorch.reset()
+
+
+def test_a_data_write_after_a_step_that_loss_scaling_skips_still_happens():
+    """A dynamic loss scaler skips the update of a step whose gradients are not finite,
+    and only the update: ``p.data.clamp_`` after ``scaler.step`` still clips (it was
+    dropped with the update, and the first step's clip was lost)."""
+    def data():
+        out = M.batches()
+        out[0][0][0, 0] = float("nan")
+        return out
+
+    def eager_body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        if all(torch.isfinite(p.grad).all() for p in module.parameters()):
+            optimizer.step()
+        with torch.no_grad():
+            for p in module.parameters():
+                p.data.clamp_(-0.2, 0.2)
+        return loss
+
+    scalers = []
+
+    def optimizer_and_scaler(module, eager):
+        scalers.append(cstorch.amp.GradScaler(loss_scale="dynamic"))
+        return M.sgd(module, eager)
+
+    def cerebrax_body(net, module, optimizer, x, y):
+        scaler = scalers[-1]
+        optimizer.zero_grad()
+        loss = F.mse_loss(net(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        with torch.no_grad():
+            for p in module.parameters():
+                p.data.clamp_(-0.2, 0.2)
+        return loss
+
+    want = M.run(eager_body, eager=True, data=data)
+    got = M.run(cerebrax_body, eager=False, data=data, backend="CSX",
+                optimizer=optimizer_and_scaler)
+    M.assert_same_training(want, got)
