@@ -120,13 +120,25 @@ def requires_grad_(tensor: Any, flag: bool = True) -> Any:
     ctx = _context()
     if not flag or ctx is None or not isinstance(tensor, JaxTensor) or tensor.requires_grad:
         return torch.Tensor.requires_grad_(tensor, flag)
-    if is_view(tensor) or tensor._source is not None:
+    if is_view(tensor) and _detached_copy(tensor):
+        pass  # x.detach().requires_grad_(): a new leaf, as torch.autograd.functional makes
+    elif is_view(tensor) or tensor._source is not None:
         raise UnsupportedOpError(
             "x.requires_grad_(True) inside a traced step on a view of another tensor: "
             "make the differentiable tensor a copy first, x = x.clone().requires_grad_()")
     torch.Tensor.requires_grad_(tensor, True)
     ctx.suspend(Open(tensor))
     return tensor
+
+
+def _detached_copy(tensor: Any) -> bool:
+    """Makes a ``detach()`` view its own tensor (True), else leaves it (False)."""
+    from torch_bridge._tensor import _detached
+
+    if tensor._view[1] is not _detached:
+        return False
+    tensor._value, tensor._view = tensor._jax, None
+    return True
 
 
 def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: Any = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import torch
 import torch.utils._pytree as pytree
@@ -131,6 +132,8 @@ class ParameterReads(TorchFunctionMode):
             raise UnsupportedOpError(MSG_HOOK_IN_STEP.format(what=func.__name__))
         autograd = _autograd_call(func)
         if autograd is not None:
+            if func == torch.Tensor.detach_ and self._stand_in_of(args[0]) is not args[0]:
+                raise UnsupportedOpError(MSG_REQUIRES_GRAD_IN_STEP)
             if func in _REQUIRES_GRAD and self._stand_in_of(args[0]) is not args[0]:
                 return _requires_grad_of_parameter(*args, **kwargs)
             return autograd(*args, **kwargs)
@@ -192,7 +195,23 @@ def _autograd_call(func: Any) -> Any:
         return _grad_regions.grad
     if func is torch.autograd.backward:
         return _backward
+    if func == torch.Tensor.detach_:
+        return _detach_
     return None
+
+
+def _detach_(tensor: Any) -> Any:
+    """``t.detach_()`` on a tensor of the step: its value carries no gradient from here."""
+    from torch_bridge import JaxTensor, is_view
+
+    if not isinstance(tensor, JaxTensor):
+        return torch.Tensor.detach_(tensor)
+    if is_view(tensor):
+        raise UnsupportedOpError(
+            "x.detach_() on a view inside a traced step: torch refuses to detach views in "
+            "place too. Use x = x.detach() instead.")
+    tensor._value = jax.lax.stop_gradient(tensor._value)
+    return tensor
 
 
 def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,

@@ -240,7 +240,30 @@ def on_backward(handler: Callable[[JaxTensor], None]) -> Iterator[None]:
 # ---- dispatch ------------------------------------------------------------------------------
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Runs ATen op ``func`` on JaxTensor arguments (see the module docstring)."""
+    """Runs ATen op ``func`` on JaxTensor arguments (see the module docstring).
+
+    Under ``torch.no_grad()`` (or ``set_grad_enabled(False)``, ``inference_mode()``)
+    its results carry no gradient, as torch records no graph for them."""
+    out = _run_op(func, args, kwargs)
+    if not torch.is_grad_enabled():
+        _without_gradient(out, args)
+    return out
+
+
+def _without_gradient(out: Any, args: tuple) -> None:
+    """Stops the gradient of the new JaxTensors among ``out`` (an in-place op's result is
+    its argument, written already; a view's value is computed from its base)."""
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if not isinstance(t, JaxTensor) or any(t is a for a in args) or t._source is not None:
+            continue
+        if t._view is None:
+            t._value = jax.lax.stop_gradient(t._value)
+        elif t._view[1] is not _detached:
+            base, fn = t._view
+            t._view = (base, lambda v, fn=fn: jax.lax.stop_gradient(fn(v)))
+
+
+def _run_op(func: Any, args: tuple, kwargs: dict) -> Any:
     if func in _READS:
         return _read(func, args, kwargs)
     if func in _ALIASES:

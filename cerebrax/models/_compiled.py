@@ -266,6 +266,8 @@ class CompiledModel:
             )
         for name, value in new_buffers.items():
             self._buffers[name].value = value
+        if self.is_torch and not _torch_grad_enabled():  # called under torch.no_grad()
+            out = jax.tree.map(_no_gradient, out)
         # Like in, like out: a torch model called on torch tensors returns torch tensors
         # (for the torch loss after it); called on JAX or numpy values, JAX arrays.
         torch_in = self.is_torch and any(map(is_torch_tensor, jax.tree.leaves(
@@ -410,3 +412,13 @@ def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel: 
 def _key_data(value: Any) -> Any:
     """``value``, or the uint32 data of a typed PRNG key (numpy cannot hold a key)."""
     return jax.random.key_data(value) if is_prng_key(value) else value
+
+
+def _torch_grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def _no_gradient(value: Any) -> Any:
+    return jax.lax.stop_gradient(value) if isinstance(value, jax.Array) else value

@@ -129,9 +129,16 @@ class TorchModelAdapter(ModelAdapter):
         return TorchOutputs(out, program.out_spec), new_buffers
 
     def outputs(self, out: TorchOutputs, *, torch_tensors: bool) -> Any:
+        """The module's outputs: torch tensors where its inputs were (see
+        :meth:`ModelAdapter.outputs`). As in torch, a floating output of a module with
+        trainable parameters, called with gradients enabled, ``requires_grad`` (and is no
+        leaf), so torch code that asks (``torch.autograd.functional``) differentiates it."""
         if not torch_tensors:
             return out.rebuild(lambda x: x)
-        return out.rebuild(lambda x: JaxTensor(x) if isinstance(x, jax.Array) else x)
+        differentiable = torch.is_grad_enabled() and any(
+            p.requires_grad for p in self.module.parameters())
+        return out.rebuild(lambda x: _torch_output(x, differentiable)
+                           if isinstance(x, jax.Array) else x)
 
     def pipeline_layers(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
                         train: bool) -> Layers:
@@ -205,3 +212,13 @@ def torch_model_adapter(module: torch.nn.Module) -> TorchModelAdapter:
       module: the torch module; it is not modified.
     """
     return TorchModelAdapter(module)
+
+
+def _torch_output(value: jax.Array, differentiable: bool) -> JaxTensor:
+    """An output as a JaxTensor; a differentiable one as torch's autograd makes it."""
+    tensor = JaxTensor(value)
+    if not differentiable or not tensor.is_floating_point():
+        return tensor
+    with torch._C.DisableTorchFunction():  # no mode of the step sees this bookkeeping
+        tensor.requires_grad_(True)
+        return tensor.clone()  # a non-leaf, as a module's output is in torch

@@ -370,3 +370,96 @@ def test_a_data_write_after_a_step_that_loss_scaling_skips_still_happens():
     got = M.run(cerebrax_body, eager=False, data=data, backend="CSX",
                 optimizer=optimizer_and_scaler)
     M.assert_same_training(want, got)
+
+
+# ---- grad mode and the rest of torch's autograd API (the hunt) -------------------------
+def _on_output(inner):
+    """A step whose loss is ``inner(net, out, x, y)`` of the model's output ``out``."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = inner(net, net(x), x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return body
+
+
+def _no_grad_product(net, out, x, y):
+    with torch.no_grad():
+        target = out * 2
+    return F.mse_loss(out * target, y)
+
+
+def _no_grad_model_call(net, out, x, y):
+    with torch.no_grad():
+        teacher = net(x * 0.5)
+    return F.mse_loss(out, y) + (out * teacher).mean()
+
+
+def _enable_grad_inside_no_grad(net, out, x, y):
+    with torch.no_grad():
+        with torch.enable_grad():
+            tracked = out * 2
+        constant = out * 3
+    return F.mse_loss(out * tracked, y) + (out * constant).mean()
+
+
+def _set_grad_enabled(net, out, x, y):
+    torch.set_grad_enabled(False)
+    constant = out * 2
+    torch.set_grad_enabled(True)
+    return F.mse_loss(out * constant, y)
+
+
+def _inference_mode(net, out, x, y):
+    with torch.inference_mode():
+        constant = out * 2
+    return F.mse_loss(out * constant.clone(), y)
+
+
+def _detach_in_place(net, out, x, y):
+    constant = out * 2
+    constant.detach_()
+    return F.mse_loss(out * constant, y)
+
+
+@pytest.mark.parametrize("inner", [_no_grad_product, _no_grad_model_call,
+                                   _enable_grad_inside_no_grad, _set_grad_enabled,
+                                   _inference_mode, _detach_in_place],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_torch_grad_mode_in_the_step(inner):
+    """Values computed under ``torch.no_grad()`` (``set_grad_enabled(False)``,
+    ``inference_mode()``, a model call among them), or ``detach_()``-ed, are constants of
+    the backward pass, and ``enable_grad()`` inside ``no_grad`` tracks again (the step's
+    torch code ignored grad mode: every one of these trained differently)."""
+    check(_on_output(inner))
+
+
+def test_assigning_and_clearing_a_parameters_grad():
+    """``p.grad = p.grad * 0.5`` and ``p.grad = None`` after ``loss.backward()``."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        module.fc1.weight.grad = module.fc1.weight.grad * 0.5
+        module.fc2.bias.grad = None
+        optimizer.step()
+        return loss
+
+    check(body)
+
+
+def test_torch_autograd_functional_vjp_with_create_graph():
+    """``torch.autograd.functional.vjp(model, x, v, create_graph=True)``: its gradient
+    penalty trains the model (a model's output did not report ``requires_grad``, so
+    torch's helper returned zeros without asking cerebrax: the penalty vanished)."""
+    def body(net, module, optimizer, x, y):
+        optimizer.zero_grad()
+        out, vjp = torch.autograd.functional.vjp(net, x, torch.ones(5, 3), create_graph=True)
+        loss = F.mse_loss(out, y) + 0.1 * vjp.pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    check(body)
