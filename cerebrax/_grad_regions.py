@@ -43,7 +43,12 @@ from .errors import UnsupportedOpError
 if TYPE_CHECKING:
     from ._trace_context import TraceContext
 
-__all__ = ["Close", "Open", "backward_closes_regions", "grad", "requires_grad_", "serve"]
+__all__ = ["SUSPENDED", "Close", "Open", "Region", "grad", "region_of", "requires_grad_",
+           "serve"]
+
+#: What the step's code suspends with at ``loss.backward()`` (the trace computes the
+#: gradients, then resumes it).
+SUSPENDED = object()
 
 MSG_NOT_A_REGION = """\
 torch.autograd.grad inside a traced step differentiates with respect to tensors that the
@@ -97,48 +102,32 @@ def _context() -> TraceContext | None:
     return ctx if ctx is not None and getattr(ctx, "worker", None) is not None else None
 
 
-def _regions(ctx: TraceContext) -> list[Region]:
-    if not hasattr(ctx, "regions"):
-        ctx.regions = []
-    return ctx.regions
-
-
 def region_of(tensor: Any) -> Region | None:
     """The region opened at ``tensor`` in the active step, if any."""
     ctx = _context()
     if ctx is None:
         return None
-    return next((r for r in _regions(ctx) if r.tensor is tensor), None)
+    return next((r for r in ctx.regions if r.tensor is tensor), None)
 
 
 def requires_grad_(tensor: Any, flag: bool = True) -> Any:
     """``tensor.requires_grad_(flag)`` on a tensor of the step: opens a region."""
     import torch
 
-    from torch_bridge import JaxTensor, is_view
+    from torch_bridge import JaxTensor, detached_to_leaf, is_view
 
     ctx = _context()
     if not flag or ctx is None or not isinstance(tensor, JaxTensor) or tensor.requires_grad:
         return torch.Tensor.requires_grad_(tensor, flag)
-    if is_view(tensor) and _detached_copy(tensor):
+    if is_view(tensor) and detached_to_leaf(tensor):
         pass  # x.detach().requires_grad_(): a new leaf, as torch.autograd.functional makes
-    elif is_view(tensor) or tensor._source is not None:
+    elif is_view(tensor):
         raise UnsupportedOpError(
             "x.requires_grad_(True) inside a traced step on a view of another tensor: "
             "make the differentiable tensor a copy first, x = x.clone().requires_grad_()")
     torch.Tensor.requires_grad_(tensor, True)
     ctx.suspend(Open(tensor))
     return tensor
-
-
-def _detached_copy(tensor: Any) -> bool:
-    """Makes a ``detach()`` view its own tensor (True), else leaves it (False)."""
-    from torch_bridge._tensor import _detached
-
-    if tensor._view[1] is not _detached:
-        return False
-    tensor._value, tensor._view = tensor._jax, None
-    return True
 
 
 def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: Any = None,
@@ -162,20 +151,15 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: Any 
             raise UnsupportedOpError(MSG_CLOSED)
     cotangents = _cotangents(outputs, _as_tuple(grad_outputs) if grad_outputs is not None
                              else None)
-    values = [jnp.asarray(o._jax if isinstance(o, JaxTensor) else o) for o in outputs]
+    values = [_value_of(o) for o in outputs]
     results = ctx.suspend(Close(values, cotangents, list(inputs)))
     grads = []
     for t in inputs:
         g = results[id(t)]
         if not create_graph:
             g = jax.lax.stop_gradient(g)
-        grads.append(JaxTensor(g.astype(jnp.asarray(t._jax).dtype), t.dtype))
+        grads.append(JaxTensor(g.astype(jnp.asarray(_value_of(t)).dtype), t.dtype))
     return tuple(grads)
-
-
-def backward_closes_regions(ctx: TraceContext) -> bool:
-    """Whether regions are open when the step's loss is marked (they close there)."""
-    return any(not r.closed for r in _regions(ctx))
 
 
 def serve(ctx: TraceContext, message: Any) -> Any:
@@ -189,25 +173,27 @@ def serve(ctx: TraceContext, message: Any) -> Any:
 def _open(ctx: TraceContext, tensor: Any) -> Any:
     from torch_bridge import assign, is_view, recording
 
-    region = Region(tensor, tensor._jax)
-    _regions(ctx).append(region)
+    region = Region(tensor, _value_of(tensor))
+    ctx.open_region(region)
     box: dict = {}
 
     def inner(value: jax.Array):
-        tensor._value = value
-        before = _snapshot(ctx)
+        assign(tensor, value)
+        before = ctx.region_snapshot()
         with recording() as made:
             message = serve(ctx, ctx.resume(tensor))
         box["message"] = message
-        tensors = [t for t in (r() for r in list(getattr(ctx, "made", [])) + made)
+        tensors = [t for t in (r() for r in list(ctx.made) + made)
                    if t is not None and not is_view(t) and t is not tensor]
         box["tensors"] = tensors
-        out = _region_outputs(ctx, message)
-        return out, _aux(ctx, before, tensors, message)
+        aux = {"state": ctx.region_changes(before), "tensors": [_value_of(t) for t in tensors],
+               "results": dict(message.results) if isinstance(message, Close) else {},
+               "finished": _finished_arrays(message)}
+        return _region_outputs(ctx, message), aux
 
     out, vjp_fn, aux = jax.vjp(inner, region.outer, has_aux=True)
     region.closed = True
-    tensor._value = region.outer
+    assign(tensor, region.outer)
     message = box["message"]
     _restore(ctx, aux, box["tensors"], message, assign)
     if isinstance(message, Close):
@@ -217,8 +203,8 @@ def _open(ctx: TraceContext, tensor: Any) -> Any:
         if len(message.results) == len(message.inputs):
             return ctx.resume(message.results)  # after torch.autograd.grad
         return message
-    if message is _suspended():  # loss.backward(): the loss, and x.grad
-        ctx.loss = out[0]
+    if message is SUSPENDED:  # loss.backward(): the loss, and x.grad
+        ctx.replace_loss(out[0])
         (g,) = vjp_fn([jnp.ones_like(out[0])])
         _set_grad(tensor, g)
     return message
@@ -227,41 +213,20 @@ def _open(ctx: TraceContext, tensor: Any) -> Any:
 def _region_outputs(ctx: TraceContext, message: Any) -> list:
     if isinstance(message, Close):
         return list(message.outputs)
-    if message is _suspended():
+    if message is SUSPENDED:
         return [ctx.loss]
     return []
 
 
-def _aux(ctx: TraceContext, before: dict, tensors: list, message: Any) -> dict:
-    """Everything the region computed that outlives it (see the module docstring)."""
-    written = {ref: v for ref, v in ctx.values.items() if before["values"].get(ref) is not v}
-    diff = {ref: v for ref, v in ctx.diff.items() if before["diff"].get(ref) is not v}
-    aux = {
-        "values": written, "diff": diff,
-        "routed": ctx.aux[before["routed"]:],
-        "tensors": [t._value for t in tensors],
-        "results": dict(message.results) if isinstance(message, Close) else {},
-        "finished": _finished_arrays(message),
-    }
-    return aux
-
-
 def _restore(ctx: TraceContext, aux: dict, tensors: list, message: Any, assign: Any) -> None:
-    ctx.values.update(aux["values"])
-    ctx.diff.update(aux["diff"])
-    n = len(aux["routed"])
-    if n:
-        ctx.aux[len(ctx.aux) - n:] = aux["routed"]
+    """Everything the region computed that outlives it, at its value outside."""
+    ctx.restore_region_changes(aux["state"])
     for t, value in zip(tensors, aux["tensors"]):
-        t._value = value
+        assign(t, value)
     if isinstance(message, Close):
         message.results.update(aux["results"])
     elif aux["finished"]:
         _set_finished_arrays(message, aux["finished"])
-
-
-def _snapshot(ctx: TraceContext) -> dict:
-    return {"values": dict(ctx.values), "diff": dict(ctx.diff), "routed": len(ctx.aux)}
 
 
 def _finished_arrays(message: Any) -> list:
@@ -280,13 +245,7 @@ def _set_finished_arrays(message: Any, arrays: list) -> None:
 def _set_grad(tensor: Any, g: jax.Array) -> None:
     from torch_bridge import JaxTensor
 
-    tensor.grad = JaxTensor(g.astype(jnp.asarray(tensor._jax).dtype), tensor.dtype)
-
-
-def _suspended() -> Any:
-    from ._trace_context import SUSPENDED
-
-    return SUSPENDED
+    tensor.grad = JaxTensor(g.astype(jnp.asarray(_value_of(tensor)).dtype), tensor.dtype)
 
 
 def _cotangents(outputs: tuple, grad_outputs: tuple | None) -> list:
@@ -294,7 +253,7 @@ def _cotangents(outputs: tuple, grad_outputs: tuple | None) -> list:
 
     out = []
     for i, o in enumerate(outputs):
-        value = jnp.asarray(o._jax if isinstance(o, JaxTensor) else o)
+        value = _value_of(o)
         given = None if grad_outputs is None else grad_outputs[i]
         if given is None:
             if value.shape != ():
@@ -304,9 +263,16 @@ def _cotangents(outputs: tuple, grad_outputs: tuple | None) -> list:
                     "grad_outputs=torch.ones_like(output), or reduce it (output.sum()).")
             out.append(jnp.ones_like(value))
         else:
-            out.append(jnp.asarray(given._jax if isinstance(given, JaxTensor) else given,
+            out.append(jnp.asarray(_value_of(given),
                                    value.dtype))
     return out
+
+
+def _value_of(tensor: Any) -> jax.Array:
+    """A tensor's value: a JaxTensor's JAX array, a plain tensor's as a constant."""
+    from torch_bridge import unwrap
+
+    return jnp.asarray(unwrap(tensor))
 
 
 def _as_tuple(x: Any) -> tuple:
@@ -318,8 +284,8 @@ def _as_tuple(x: Any) -> tuple:
 
 
 def _describe(tensor: Any) -> str:
-    from torch_bridge import JaxTensor
+    import torch
 
-    if isinstance(tensor, JaxTensor) and tensor._source is not None:
+    if isinstance(tensor, torch.nn.Parameter):
         return "a parameter of the compiled model"
     return f"a {type(tensor).__name__} of shape {tuple(tensor.shape)}"

@@ -171,7 +171,7 @@ def apply_gradient_hooks(grads: dict, aliases: list[tuple[Any, Any]]) -> None:
       grads: the step's gradients by compiled parameter (JAX values), updated in place.
       aliases: ``(torch parameter, compiled parameter)`` pairs.
     """
-    from torch_bridge import JaxTensor
+    from torch_bridge import JaxTensor, unwrap
 
     for original, p in aliases:
         if getattr(original, "_post_accumulate_grad_hooks", None):
@@ -184,7 +184,7 @@ def apply_gradient_hooks(grads: dict, aliases: list[tuple[Any, Any]]) -> None:
             result = hook(grad)
             if result is not None:
                 grad = result
-        grads[p] = grad._jax if isinstance(grad, JaxTensor) else jnp.asarray(grad)
+        grads[p] = jnp.asarray(unwrap(grad))
 
 
 def _autograd_call(func: Any) -> Any:
@@ -202,7 +202,7 @@ def _autograd_call(func: Any) -> Any:
 
 def _detach_(tensor: Any) -> Any:
     """``t.detach_()`` on a tensor of the step: its value carries no gradient from here."""
-    from torch_bridge import JaxTensor, is_view
+    from torch_bridge import JaxTensor, assign, is_view, unwrap
 
     if not isinstance(tensor, JaxTensor):
         return torch.Tensor.detach_(tensor)
@@ -210,7 +210,7 @@ def _detach_(tensor: Any) -> Any:
         raise UnsupportedOpError(
             "x.detach_() on a view inside a traced step: torch refuses to detach views in "
             "place too. Use x = x.detach() instead.")
-    tensor._value = jax.lax.stop_gradient(tensor._value)
+    assign(tensor, jax.lax.stop_gradient(unwrap(tensor)))
     return tensor
 
 

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _closures, _grad_regions, _state
+from ._grad_regions import SUSPENDED
 from ._filters import is_torch_tensor
 from ._interop import as_jax, torch_to_jax
 from ._runtime import RUNTIME
@@ -419,6 +420,37 @@ class TraceContext:
                 "thread or greenlet of its own). Call it in the step function.")
         self.suspend(SUSPENDED)
 
+    # ---- differentiation regions (cerebrax._grad_regions) ---------------------------
+    def open_region(self, region: _grad_regions.Region) -> None:
+        """Records a region opened at ``region.tensor`` (``x.requires_grad_()``)."""
+        self.regions.append(region)
+
+    def region_snapshot(self) -> dict:
+        """What :meth:`region_changes` compares with, taken as a region opens."""
+        return {"values": dict(self.values), "diff": dict(self.diff), "routed": len(self.aux)}
+
+    def region_changes(self, snapshot: dict) -> dict:
+        """The state the code in a region wrote, and the values it routed out of the
+        differentiated pass (they leave the region as auxiliary output)."""
+        before_values, before_diff = snapshot["values"], snapshot["diff"]
+        return {
+            "values": {r: v for r, v in self.values.items() if before_values.get(r) is not v},
+            "diff": {r: v for r, v in self.diff.items() if before_diff.get(r) is not v},
+            "routed": self.aux[snapshot["routed"]:],
+        }
+
+    def restore_region_changes(self, changes: dict) -> None:
+        """Puts :meth:`region_changes`, as seen outside the region, back in place."""
+        self.values.update(changes["values"])
+        self.diff.update(changes["diff"])
+        routed = changes["routed"]
+        if routed:
+            self.aux[len(self.aux) - len(routed):] = routed
+
+    def replace_loss(self, loss: jax.Array) -> None:
+        """The marked loss as seen outside a region that closed at ``loss.backward()``."""
+        self.loss = loss
+
     def resume(self, value: Any = None) -> Any:
         """Runs the step's code (in its greenlet) until it finishes or suspends; returns
         what it finished or suspended with."""
@@ -452,9 +484,6 @@ class TraceContext:
                 original.grad = previous  # no tensor of the trace leaks out of the step
             self.torch_grads = {}
             self._torch_code = False
-
-
-SUSPENDED = object()
 
 
 def _switch(target: greenlet.greenlet, value: Any) -> Any:

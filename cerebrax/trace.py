@@ -37,8 +37,8 @@ from ._trace_context import DeferredValue, StepRecord, TraceContext, backward
 from .backend import Backend, current_backend, flags_report, get_or_create_backend
 from .errors import ConfigError, RecompileError, StateError, TensorReadError
 
-__all__ = ["DeferredValue", "TracedStep", "backward", "compile_step", "trace",
-           "write_artifacts"]
+__all__ = ["DeferredValue", "Retrace", "TracedStep", "backward", "before_build",
+           "compile_step", "trace", "write_artifacts"]
 
 MSG_TENSOR_READ = """\
 It is not allowed to read a tensor's contents outside of a step closure.
@@ -93,11 +93,41 @@ had then (p.register_hook), but hooks were registered or removed since. The hook
 part of the graph, which compiles once: register every hook before the step is first
 called, and remove none while it is used (or trace another step for the new hooks)."""
 
+MSG_AUTOCAST_CHANGED = """\
+The traced step `{name}` was compiled {then}, and is now called {now}. The casts of
+torch.autocast are part of the graph, which compiles once: enter torch.autocast inside
+the step (or call it always under the same autocast), or use one traced step for each."""
+
 _READ_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerIntegerConversionError,
 )
+
+_MAX_RETRACES = 8
+_BUILD_HOOKS: list[Callable[[], None]] = []  # wiring, kept by cstorch.reset()
+
+
+class Retrace(Exception):
+    """Abandons the trace of a step so that its program is built again.
+
+    Raised while a step is traced by code that must change the registered state first
+    (a torch optimizer that the step steps is converted into a cerebrax one,
+    :mod:`cerebrax.optim`): ``prepare()`` runs once the trace is abandoned, outside it,
+    and the step is traced again from its start, so the Python before the raise runs
+    once more.
+    """
+
+    def __init__(self, prepare: Callable[[], None], what: str):
+        super().__init__(what)
+        self.prepare = prepare
+
+
+def before_build(hook: Callable[[], None]) -> None:
+    """Calls ``hook()`` before every traced step's program is built (wiring that the
+    step may need, such as cerebrax's torch optimizer hook, is installed there)."""
+    if hook not in _BUILD_HOOKS:
+        _BUILD_HOOKS.append(hook)
 
 
 class TracedStep:
@@ -121,6 +151,7 @@ class TracedStep:
         self._closure_calls: list[_closures.ClosureCall] = []
         self._modes: list[tuple[Any, bool]] = []
         self._hooks: tuple = ()  # the torch parameters' gradient hooks the program applies
+        self._autocast: tuple = ()  # torch.autocast as the step was traced under it
         self._state_shardings: list | None = None
         self._input_shardings: list | None = None
         self._spans_processes = False  # the wafer mesh has devices of other processes
@@ -215,6 +246,8 @@ class TracedStep:
 
     # ---- building the program --------------------------------------------------------
     def _build(self, key: tuple, treedef: Any, backend: Backend) -> None:
+        for hook in _BUILD_HOOKS:
+            hook()
         self._reset_program()
         self._key = key
         self._backend = backend
@@ -239,6 +272,7 @@ class TracedStep:
             record = ctx.finish(self._refs, out)
             self._modes = [(m, m.training) for m in record.models]
             self._hooks = _parameter_hooks()
+            self._autocast = _autocast_state()
             new_values, out_arrays, closure_arrays = self._finish(record, state_values)
             if self._state_shardings is not None:
                 new_values = jax.lax.with_sharding_constraint(new_values,
@@ -289,6 +323,23 @@ class TracedStep:
 
     # ---- calling ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._retracing(self._call, args, kwargs)
+
+    def _retracing(self, run: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``run(*args, **kwargs)``, built and traced again after each :class:`Retrace`."""
+        for _ in range(_MAX_RETRACES):
+            built = self.num_compiles
+            try:
+                return run(*args, **kwargs)
+            except Retrace as request:
+                self._jit, self.num_compiles = None, built  # that program never ran
+                request.prepare()
+        raise StateError(
+            f"The traced step `{self.__name__}` was traced {_MAX_RETRACES} times without "
+            "settling its state; each trace converted another torch optimizer or scheduler."
+        )
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         if _state.active_context() is not None:
             raise StateError(
                 f"The traced step `{self.__name__}` was called inside another traced "
@@ -322,6 +373,10 @@ class TracedStep:
     def _check_modes(self) -> None:
         if self._hooks != _parameter_hooks():
             raise RecompileError(MSG_HOOKS_CHANGED.format(name=self.__name__))
+        if self._autocast != _autocast_state():
+            raise RecompileError(MSG_AUTOCAST_CHANGED.format(
+                name=self.__name__, then=_describe_autocast(self._autocast),
+                now=_describe_autocast(_autocast_state())))
         for model, mode in self._modes:
             if model.training != mode:
                 raise RecompileError(
@@ -388,6 +443,9 @@ class TracedStep:
 
     def lower(self, *args: Any, **kwargs: Any):
         """Lowers the step for these inputs (``jax.stages.Lowered``), running nothing."""
+        return self._retracing(self._lower, args, kwargs)
+
+    def _lower(self, *args: Any, **kwargs: Any):
         backend = get_or_create_backend(None)
         key, dynamic, _, treedef = self._split(args, kwargs)
         if self._jit is None or key[:3] != self._key[:3]:
@@ -546,3 +604,16 @@ def _parameter_hooks() -> tuple:
     from ._torch_parameters import hook_signature
 
     return hook_signature(originals)
+
+
+def _autocast_state() -> tuple:
+    """The CPU ``torch.autocast`` active around a call of a step (empty where none)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_autocast_enabled("cpu"):
+        return ()
+    return ("cpu", torch.get_autocast_dtype("cpu"))
+
+
+def _describe_autocast(state: tuple) -> str:
+    return f"under torch.autocast({state[0]!r}, dtype={state[1]})" if state else (
+        "without torch.autocast")

@@ -17,9 +17,11 @@ from ._program import Program as Program
 from ._side_calls import record_side_call as record_side_call
 from ._tensor import JaxTensor as JaxTensor
 from ._tensor import assign as assign
+from ._tensor import detached_to_leaf as detached_to_leaf
 from ._tensor import is_view as is_view
 from ._tensor import on_backward as on_backward
 from ._tensor import recording as recording
 from ._tensor import stand_in as stand_in
+from ._tensor import unwrap as unwrap
 from .ops import lowered_ops as lowered_ops
 from .ops import lowering as lowering

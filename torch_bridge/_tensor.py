@@ -53,8 +53,8 @@ from .ops._dtypes import export_dtype, jax_dtype, to_jax
 # the process now and then ("terminate called without an active exception", exit 134).
 atexit.register(gc.collect)
 
-__all__ = ["JaxTensor", "assign", "is_view", "on_backward", "recording", "stand_in", "unwrap",
-           "wrap"]
+__all__ = ["JaxTensor", "assign", "detached_to_leaf", "is_view", "on_backward",
+           "recording", "stand_in", "unwrap", "wrap"]
 
 aten = torch.ops.aten
 
@@ -325,6 +325,15 @@ def stand_in(source: Any, like: torch.Tensor) -> JaxTensor:
         requires_grad=like.requires_grad)
     tensor._source = source
     return tensor
+
+
+def detached_to_leaf(tensor: JaxTensor) -> bool:
+    """Makes ``tensor``, an ``x.detach()``, a tensor of its own (its own value, no longer
+    written through by ``x``); False, and nothing changed, where it is no such view."""
+    if tensor._view is None or tensor._view[1] is not _detached:
+        return False
+    tensor._value, tensor._view = tensor._jax, None
+    return True
 
 
 def assign(tensor: JaxTensor, value: jax.Array) -> None:

@@ -1,6 +1,7 @@
 """Optimizers: pure optax factories (``transforms``) and thin cstorch-style classes."""
 
 from ..schedules import configure_lr_scheduler as configure_lr_scheduler
+from . import _torch_in_step  # noqa: F401  (converts torch optimizers stepped in a traced step)
 from . import lr_scheduler as lr_scheduler
 from . import optimizer as optimizer
 from . import scheduler as scheduler

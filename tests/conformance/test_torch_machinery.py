@@ -463,3 +463,18 @@ def test_torch_autograd_functional_vjp_with_create_graph():
         return loss
 
     check(body)
+
+
+def test_a_step_traced_without_autocast_refuses_a_call_under_it():
+    """The casts are part of the compiled graph: calling the step under another autocast
+    raises instead of running the graph traced without it."""
+    cstorch.reset()
+    module = M.Mlp()
+    net = cstorch.compile(module, cstorch.backend("CPU"))
+    step = cstorch.trace(lambda x: net(x))
+    (x, _), = M.batches(1)
+    step(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(cstorch.errors.RecompileError, match="now called under torch"):
+            step(x)
+    cstorch.reset()
