@@ -22,6 +22,7 @@ from .._precision import get_half_dtype_str
 from .._trace_context import backward, context_with_grads, deferrable, deferrable_function
 from ..backend import current_backend
 from ..errors import ConfigError, StateError
+from ..models import resolve_parameter
 
 __all__ = ["GradScaler", "ScaledLoss", "isfinite", "update_if_finite"]
 
@@ -367,8 +368,10 @@ class GradScaler:
 
 
 def _parameters(optimizer: Any) -> list:
-    """The parameters of ``optimizer``'s param groups, in order."""
-    return [p for group in optimizer.param_groups for p in group["params"]]
+    """The compiled parameters of ``optimizer``'s param groups, in order (a torch
+    optimizer kept in the step lists the module's torch parameters)."""
+    found = (resolve_parameter(p) for group in optimizer.param_groups for p in group["params"])
+    return [p for p in found if p is not None]
 
 
 def _scalers_of(ctx: Any) -> list[dict]:
