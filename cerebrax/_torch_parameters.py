@@ -37,6 +37,13 @@ requires_grad of a compiled model's parameter was changed inside a traced step. 
 parameters are trained is part of the compiled graph: set p.requires_grad (or
 p.requires_grad_()) before the step is first called, and before the optimizer is made."""
 
+MSG_AFTER_JAX_BACKWARD = """\
+torch code {what} a compiled parameter after cstorch.backward(loss) on a JAX loss. In such
+a step the calls that consume gradients (optimizer.step(), clipping) run after the whole
+step's code, so the parameter would be {what} before the update, not after it as the
+code says. Compute the loss with torch (loss.backward() on a torch tensor: the step's
+code then runs in order), or move the code after the step's call."""
+
 MSG_POST_ACCUMULATE_HOOK = """\
 A compiled model's parameter {name!r} has a hook registered with
 register_post_accumulate_grad_hook. cerebrax does not run these: the gradients exist
@@ -75,6 +82,9 @@ class _TorchWrites:
 
     @property
     def value(self) -> Any:
+        ctx = _state.active_context()
+        if ctx is not None and ctx.after_backward and ctx.deferred:
+            raise UnsupportedOpError(MSG_AFTER_JAX_BACKWARD.format(what="reads"))
         return self.parameter.value
 
     @value.setter
@@ -82,8 +92,10 @@ class _TorchWrites:
         ctx = _state.active_context()
         if ctx is None:
             self.parameter.value = new
-        else:
-            ctx.write(self.parameter, new, skippable=False)
+            return
+        if ctx.after_backward:
+            raise UnsupportedOpError(MSG_AFTER_JAX_BACKWARD.format(what="writes"))
+        ctx.write(self.parameter, new, skippable=False)
 
 
 class ParameterReads(TorchFunctionMode):

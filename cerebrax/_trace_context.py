@@ -564,9 +564,9 @@ def _recording_torch_tensors(created: list) -> Iterator[None]:
     if "torch_bridge" not in sys.modules:
         yield []
         return
-    from torch_bridge import on_backward, recording
+    from torch_bridge import honouring_functions, on_backward, recording
 
-    with recording() as made, on_backward(backward):
+    with recording() as made, on_backward(backward), honouring_functions():
         try:
             yield made
         finally:

@@ -203,6 +203,8 @@ class Converted:
         return program
 
     def _example(self, x: Any, *, dtype: torch.dtype | None = None) -> Any:
+        if isinstance(x, JaxTensor):  # a value of a traced step: its shape and dtype
+            return torch.zeros(tuple(x.shape), dtype=x.dtype, device="cpu")
         if isinstance(x, torch.Tensor) or not _is_input_array(x):
             return x
         dtype = dtype or export_dtype(x.dtype)

@@ -7,6 +7,7 @@ import inspect
 import io
 import logging
 import operator
+import os
 import re
 import sys
 import warnings
@@ -21,6 +22,8 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from cerebrax.errors import ConfigError, TensorReadError
 
+from ._autograd import exporting_functions
+from ._hooks import link_tensor_hooks
 from ._rewrites import rewrite
 from ._side_calls import SideCalls, exporting_side_calls
 from .ops import _custom  # noqa: F401  (defines torch.ops.torch_bridge.stop_gradient)
@@ -180,14 +183,19 @@ def export_program(
     module: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool
 ) -> tuple[torch.export.ExportedProgram, SideCalls]:
     """Exports ``module`` in train or eval mode and decomposes it to core ATen; also
-    returns the calls its ``forward`` made for their effect (see ``_side_calls``)."""
+    returns the calls its ``forward`` made for their effect (see ``_side_calls``).
+
+    Custom autograd Functions and gradient hooks in ``forward`` become nodes of the
+    graph that run them on the gradients (``torch_bridge._autograd``)."""
     with _mode(module, train), _fast_recurrent_shapes(), warnings.catch_warnings():
         for category, message in _TORCH_INTERNAL_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
-        with exporting_side_calls(module) as side_calls:
+        with exporting_side_calls(module) as side_calls, exporting_functions():
             program = _export(module, args, kwargs)
         _mark_gradient_stops(program)
-        return rewrite(program.run_decompositions(_decompositions())), side_calls[0]
+        program = rewrite(program.run_decompositions(_decompositions()))
+        link_tensor_hooks(program)
+        return program, side_calls[0]
 
 
 # ---- export errors -------------------------------------------------------------------
@@ -276,6 +284,9 @@ def _name(module: torch.nn.Module) -> str:
     return f"{type(module).__module__}.{type(module).__qualname__}"
 
 
+_BRIDGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # this package's frames
+
+
 def _where(error: BaseException, label: str = "The branch is at") -> str:
     """The source line torch reports for ``error`` (its user frame), after ``label``."""
     found = re.search(r"The following call raised this error:\n(.*?)\n\n", str(error),
@@ -283,7 +294,7 @@ def _where(error: BaseException, label: str = "The branch is at") -> str:
     if found:
         return f"{label}\n" + found.group(1).rstrip() + "\n"
     for frame in reversed(inspect.getinnerframes(error.__traceback__, context=1)):
-        if "/torch/" not in frame.filename:
+        if "/torch/" not in frame.filename and not frame.filename.startswith(_BRIDGE):
             code = (frame.code_context or [""])[0].strip()
             return (f"{label}\n  File \"{frame.filename}\", line {frame.lineno}, "
                     f"in {frame.function}\n    {code}\n")

@@ -120,6 +120,9 @@ class JaxTensor(torch.Tensor):
     # A tensor that stands for a value kept elsewhere (see stand_in): its value is
     # ``_source.value``, read at every use, and a write sets it.
     _source: Any = None
+    # Set once an op has taken the tensor (or a view of it) as an argument: a gradient
+    # hook registered later would miss those uses' gradients (torch_bridge._hooks).
+    _used: bool = False
 
     @staticmethod
     def __new__(cls, value: jax.Array, dtype: torch.dtype | None = None,
@@ -228,6 +231,26 @@ def recording() -> Iterator[list]:
 
 
 @contextlib.contextmanager
+def paused_recording() -> Iterator[None]:
+    """No :func:`recording` lists the JaxTensors created while the block runs (values of
+    an inner JAX trace, such as a custom ``autograd.Function``'s forward)."""
+    saved = _RECORDERS[:]
+    _RECORDERS.clear()
+    try:
+        yield
+    finally:
+        _RECORDERS[:] = saved
+
+
+def mark_used(tree: Any) -> None:
+    """Marks the JaxTensors of ``tree`` (and the tensors they view) as used by an op."""
+    for leaf in pytree.tree_leaves(tree):
+        while isinstance(leaf, JaxTensor):
+            leaf._used = True
+            leaf = leaf._view[0] if leaf._view is not None else None
+
+
+@contextlib.contextmanager
 def on_backward(handler: Callable[[JaxTensor], None]) -> Iterator[None]:
     """``tensor.backward()`` calls ``handler(tensor)`` while the block runs."""
     _BACKWARD.append(handler)
@@ -264,6 +287,7 @@ def _without_gradient(out: Any, args: tuple) -> None:
 
 
 def _run_op(func: Any, args: tuple, kwargs: dict) -> Any:
+    mark_used((args, kwargs))
     if func in _READS:
         return _read(func, args, kwargs)
     if func in _ALIASES:

@@ -15,9 +15,10 @@ optimization_level``), and code such as a rotary embedding may branch on it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
@@ -191,6 +192,25 @@ def pol(level: int | None = None, bwd_level: int | None = None) -> Callable[[Cal
         return at_level
 
     return decorator
+
+
+def pol_regions() -> tuple[tuple[int, ...], Callable[[], Any]]:
+    """The running ``pol(level=...)`` regions' levels, and a function giving a context
+    manager that runs code inside the same regions again (torch_bridge runs a custom
+    autograd Function's forward again, outside the region it was applied in, where an
+    exported graph runs: see ``torch_bridge.keep_for_functions``)."""
+    levels = tuple(_POL_STACK)
+    return levels, functools.partial(_inside_regions, levels)
+
+
+@contextlib.contextmanager
+def _inside_regions(levels: tuple[int, ...]) -> Iterator[None]:
+    saved = _POL_STACK[:]
+    _POL_STACK[:] = levels
+    try:
+        yield
+    finally:
+        _POL_STACK[:] = saved
 
 
 def current_pol() -> int:

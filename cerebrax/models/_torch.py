@@ -15,14 +15,19 @@ import jax
 import torch
 import torch.utils._pytree as pytree
 
-from torch_bridge import Converted, JaxTensor, random_seed, to_jax
+from torch_bridge import Converted, JaxTensor, keep_for_functions, random_seed, to_jax
 
 from .._filters import is_array
 from ..backend import hand_over, materialize
+from ..core.annotation import pol_regions
 from ..wse import Layers, Stage
 from ._adapter import ModelAdapter
 
 __all__ = ["TorchModelAdapter", "TorchOutputs", "torch_model_adapter"]
+
+# A custom autograd Function in a compiled model's forward reads current_pol() where
+# torch runs it: inside the pol(level=...) regions around its call.
+keep_for_functions(pol_regions)
 
 @jax.tree_util.register_pytree_node_class
 class TorchOutputs:

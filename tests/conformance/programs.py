@@ -61,6 +61,12 @@ CLOSURES = ("none", "inside", "outside", "both")
 VIEW_WRITES = ("none", "setitem", "select", "narrow")
 GROUPS = (1, 2)
 DATA = ("clean", "nan_step")
+MACHINERY = ("none", "function_ste", "function_reversal", "data_write", "data_read",
+             "tensor_hook", "param_hook", "module_hook", "grad_graph", "grad_no_graph",
+             "torch_optim", "autocast")
+# Machinery whose torch code computes on the model's output or the loss (a torch loss).
+_TORCH_LOSS_MACHINERY = ("data_read", "data_write", "tensor_hook", "grad_graph",
+                         "grad_no_graph", "autocast")
 
 # Each optimizer with every hyperparameter given, so both sides use the same values
 # (cstorch's defaults differ from torch's, e.g. eps=1e-6).
@@ -125,6 +131,19 @@ class Program:
       groups: one param group, or two (weights with weight decay; biases at half the
         learning rate).
       data: ``nan_step``: the second batch holds a NaN (a dynamic scaler skips it).
+      machinery: torch's own autograd and optimizer machinery in the step:
+        ``function_ste`` (a custom ``autograd.Function`` in ``forward``: a clamp whose
+        backward passes the gradient straight through, its bounds non-tensor arguments),
+        ``function_reversal`` (a Function whose backward is ``-alpha * grad``),
+        ``data_write`` (``p.data.clamp_`` after the update), ``data_read`` (a penalty
+        ``(p * p.data).sum()``: ``.data`` carries no gradient), ``tensor_hook`` (a hook
+        on an activation in ``forward``), ``param_hook`` (``p.register_hook`` on the
+        weights), ``module_hook`` (a full backward hook on the last layer),
+        ``grad_graph`` / ``grad_no_graph`` (a gradient penalty on the inputs by
+        ``torch.autograd.grad``, with and without ``create_graph``), ``torch_optim``
+        (the cerebrax step uses ``torch.optim`` and ``torch.optim.lr_scheduler``
+        objects, as a ported torch script keeps them), ``autocast`` (the model called
+        under ``torch.autocast("cpu", bfloat16)``).
     """
 
     loss: str = "functional"
@@ -143,6 +162,7 @@ class Program:
     view_write: str = "none"
     groups: int = 1
     data: str = "clean"
+    machinery: str = "none"
 
     def problems(self) -> list[str]:
         """Why this is not a program a cstorch user writes (empty: it is one)."""
@@ -178,6 +198,10 @@ class Program:
             out.append("a schedule without a scheduler")
         if self.data == "nan_step" and (self.scaler != "dynamic" or self.backend == "cpu"):
             out.append("a NaN batch is only skipped by a dynamic scaler on CSX")
+        if not torch_loss and self.machinery in _TORCH_LOSS_MACHINERY:
+            out.append(f"machinery={self.machinery} is torch code on the model's output")
+        if self.machinery == "autocast" and self.backend == "csx16":
+            out.append("CSX at float16 computes in float16 already: no autocast on top")
         return out
 
     @property
@@ -203,7 +227,7 @@ AXES: dict[str, tuple] = {
     "params_from": PARAMS_FROM, "unscale": (False, True), "zero_grad": ZERO_GRADS,
     "scheduler": SCHEDULERS, "schedule": SCHEDULES, "optimizer": tuple(OPTIMIZERS),
     "scaler": SCALERS, "backend": BACKENDS, "closure": CLOSURES,
-    "view_write": VIEW_WRITES, "groups": GROUPS, "data": DATA,
+    "view_write": VIEW_WRITES, "groups": GROUPS, "data": DATA, "machinery": MACHINERY,
 }
 
 
@@ -221,6 +245,118 @@ class Run:
 class Mlp(torch.nn.Sequential):
     def __init__(self):
         super().__init__(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+class _ClampThrough(torch.autograd.Function):
+    """A straight-through clamp: clamps in the forward pass, passes the gradient whole."""
+
+    @staticmethod
+    def forward(ctx, x, low, high):
+        return x.clamp(low, high)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+class _ReverseGradient(torch.autograd.Function):
+    """Gradient reversal: the identity forward, ``-alpha * grad`` backward."""
+
+    @staticmethod
+    def forward(ctx, x, alpha):
+        ctx.alpha = alpha
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -ctx.alpha * grad, None
+
+
+class MachineryMlp(Mlp):
+    """:class:`Mlp` (the same state dict) whose ``forward`` runs the program's machinery
+    on the hidden activation: a custom Function, or a gradient hook."""
+
+    def __init__(self, machinery: str):
+        super().__init__()
+        self.machinery = machinery
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self[1](self[0](x))
+        if self.machinery == "function_ste":
+            h = _ClampThrough.apply(h, -0.5, 0.5)
+        elif self.machinery == "function_reversal":
+            h = _ReverseGradient.apply(h, 0.5)
+        elif self.machinery == "tensor_hook":
+            h.register_hook(lambda grad: grad * 2.0)
+        return self[2](h)
+
+
+def make_model(program: Program) -> torch.nn.Module:
+    """The program's model, with its module hook (the parameters' hooks come later)."""
+    model = Mlp() if program.machinery == "none" else MachineryMlp(program.machinery)
+    if program.machinery == "module_hook":
+        model[2].register_full_backward_hook(lambda module, grad_in, grad_out:
+                                             (grad_in[0] * 0.5,))
+    return model
+
+
+def _weight_hook(grad: torch.Tensor) -> torch.Tensor:
+    return grad * 0.5
+
+
+def register_parameter_hooks(program: Program, model: torch.nn.Module) -> None:
+    """``param_hook``: every weight's gradient halved by a hook."""
+    if program.machinery == "param_hook":
+        for name, p in model.named_parameters():
+            if name.endswith("weight"):
+                p.register_hook(_weight_hook)
+
+
+def forward_loss(program: Program, forward: Callable, model: torch.nn.Module, x: Any,
+                 y: Any, loss_of: Callable) -> Any:
+    """The model's output and loss, with the program's machinery around them
+    (autocast, a gradient penalty on the inputs, a ``.data`` penalty)."""
+    machinery = program.machinery
+    if machinery.startswith("grad_"):
+        x = x.clone().requires_grad_()
+    if machinery == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = forward(x)
+        out = out.to(x.dtype)
+    else:
+        out = forward(x)
+    out = view_write(program, out)
+    loss = loss_of(out, y)
+    if machinery.startswith("grad_"):
+        (gx,) = torch.autograd.grad(out.pow(2).sum(), x, retain_graph=True,
+                                    create_graph=machinery == "grad_graph")
+        loss = loss + 0.1 * gx.pow(2).mean()
+    elif machinery == "data_read":
+        loss = loss + 0.05 * sum((p * p.data).sum() for p in model.parameters())
+    return loss
+
+
+def data_write(program: Program, model: torch.nn.Module) -> None:
+    """``data_write``: every parameter clipped through ``.data`` after the update."""
+    if program.machinery == "data_write":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data.clamp_(-0.25, 0.25)
+
+
+def torch_scheduler(program: Program, optimizer: Any) -> Any:
+    """The program's schedule as a torch.optim.lr_scheduler, as a torch script has it."""
+    sched = torch.optim.lr_scheduler
+    if program.schedule == "linear":
+        return sched.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=3)
+    if program.schedule == "step":
+        return sched.StepLR(optimizer, step_size=2, gamma=0.5)
+    if program.schedule == "cosine":
+        lr = OPTIMIZERS[program.optimizer][1]["lr"]
+        return sched.SequentialLR(optimizer, [
+            sched.CosineAnnealingLR(optimizer, T_max=3, eta_min=lr / 10),
+            sched.ConstantLR(optimizer, factor=0.1, total_iters=STEPS + 1)], milestones=[3])
+    return sched.ExponentialLR(optimizer, gamma=0.5**0.5)
 
 
 def batches(program: Program) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -391,11 +527,14 @@ class _Half:
         loss.backward()
         for h, m in zip(self.half.parameters(), self.master.parameters()):
             grad = h.grad.float()
+            for hook in (m._backward_hooks or {}).values():  # the master's gradient hooks
+                grad = hook(grad)
             m.grad = grad if m.grad is None else m.grad + grad
 
 
 def _eager_update(program: Program, optimizer: Any, params: list, scaler: _EagerScaler,
-                  loss: torch.Tensor, half: _Half | None) -> tuple[float | None, bool]:
+                  loss: torch.Tensor, half: _Half | None, model: torch.nn.Module
+                  ) -> tuple[float | None, bool]:
     """Backward, gradient ops and the optimizer step: ``(clip norm, skipped)``."""
     scaled = scaler.scaled(loss)
     if half is not None:
@@ -418,6 +557,7 @@ def _eager_update(program: Program, optimizer: Any, params: list, scaler: _Eager
     skipped = scaler.skips
     if not skipped:
         optimizer.step()
+    data_write(program, model)
     return norm, skipped
 
 
@@ -425,19 +565,25 @@ def run_eager(program: Program, *, precision: str = "float32") -> Run:
     """The program in torch eager, at ``precision``: ``float32``, ``float64`` (model and
     data in double) or ``float16`` (torch's mixed precision, :class:`_Half`)."""
     torch.manual_seed(0)
-    model = Mlp()
+    model = make_model(program)
     if precision == "float64":
         model = model.double()
     half = _Half(model) if precision == "float16" else None
+    register_parameter_hooks(program, model)  # on the master weights (see _Half)
     forward = half if half is not None else model
     data_dtype = torch.float64 if precision == "float64" else torch.float32
     optimizer = make_optimizer(torch.optim, program, model)
     lr_of = schedule(program)
     counter = 0
 
+    # A cstorch scheduler writes one rate to every group; a torch scheduler scales each
+    # group's own initial rate.
+    bases = [group["lr"] for group in optimizer.param_groups]
+
     def schedule_step(t: int) -> None:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_of(t)
+        for group, base in zip(optimizer.param_groups, bases):
+            per_group = base / bases[0] if program.machinery == "torch_optim" else 1.0
+            group["lr"] = lr_of(t) * per_group
 
     if program.scheduler != "none":
         schedule_step(0)
@@ -453,10 +599,11 @@ def run_eager(program: Program, *, precision: str = "float32") -> Run:
         if program.zero_grad in ("start", "outside"):
             optimizer.zero_grad()
         returned["lr"].append(optimizer.param_groups[0]["lr"])
-        loss = loss_value(program, view_write(program, forward(x)), y)
+        loss = forward_loss(program, forward, model, x, y,
+                            lambda out, y: loss_value(program, out, y))
         if program.zero_grad == "before_backward" or program.backward == "optimizer_step":
             optimizer.zero_grad()
-        norm, skipped = _eager_update(program, optimizer, params, scaler, loss, half)
+        norm, skipped = _eager_update(program, optimizer, params, scaler, loss, half, model)
         if norm is not None and "norm" in returned:
             returned["norm"].append(norm)
         scaler.update()
@@ -538,10 +685,15 @@ def run_cerebrax(program: Program, *, lr_factor: float = 1.0) -> Run:
     cstorch.reset()
     cstorch.amp.set_half_dtype(half)
     torch.manual_seed(0)
-    model = Mlp()
+    model = make_model(program)
+    register_parameter_hooks(program, model)
     net = cstorch.compile(model, cstorch.backend(backend_name))
-    optimizer = make_optimizer(cstorch.optim, program, model, lr_factor)
-    scheduler = cstorch_scheduler(program, optimizer) if program.scheduler != "none" else None
+    ported = program.machinery == "torch_optim"  # the torch script's own optimizer
+    optimizer = make_optimizer(torch.optim if ported else cstorch.optim, program, model,
+                               lr_factor)
+    scheduler = None
+    if program.scheduler != "none":
+        scheduler = (torch_scheduler if ported else cstorch_scheduler)(program, optimizer)
     scaler = cstorch_scaler(program)
     criterion = torch.nn.MSELoss()
     closures = closure_lists(program)
@@ -569,11 +721,12 @@ def run_cerebrax(program: Program, *, lr_factor: float = 1.0) -> Run:
         if program.zero_grad == "start":
             optimizer.zero_grad()
         out = {"lr": optimizer.param_groups[0]["lr"]}
-        loss = the_loss(view_write(program, net(x)), y)
+        loss = forward_loss(program, net, model, x, y, the_loss)
         out["loss"] = loss
         if program.zero_grad == "before_backward":
             optimizer.zero_grad()
         norm = _cstorch_update(program, optimizer, scaler, loss, parameters)
+        data_write(program, model)
         if norm is not None:
             out["norm"] = norm
         if program.zero_grad == "end":
@@ -626,6 +779,7 @@ def assert_same(want: Run, got: Run, *, rtol: float = 1e-5, atol: float = 1e-7) 
 
 
 U16 = 2.0**-11  # float16's unit roundoff
+UBF16 = 2.0**-8  # bfloat16's
 K = 3.0  # cerebrax's error against float64 at most K times torch eager's own
 
 
@@ -686,6 +840,12 @@ def check(program: Program, *, lr_factor: float = 1.0) -> None:
     ``K`` times torch's error of the exact run; at float16, the float16 bound."""
     assert program.valid, program.problems()
     got = run_cerebrax(program, lr_factor=lr_factor)
+    if program.machinery == "autocast":  # torch's own autocast is the reference
+        excess = _excess(run_eager(program, precision="float64"), run_eager(program), got,
+                         lambda ref, torch_error: np.full(
+                             ref.shape, K * torch_error + UBF16 * float(np.max(np.abs(ref)))))
+        assert not excess, "beyond the bfloat16 bound (error, bound): " + _describe(excess)
+        return
     if program.backend == "csx16":
         assert_within_float16_bound(run_eager(program, precision="float64"),
                                     run_eager(program, precision="float16"), got)
@@ -727,6 +887,9 @@ def programs(draw: Callable) -> Program:
     else:
         unscale = draw(st.booleans())
     scheduler = pick(SCHEDULERS)
+    machinery = pick(tuple(m for m in MACHINERY
+                           if (torch_loss or m not in _TORCH_LOSS_MACHINERY)
+                           and not (m == "autocast" and backend == "csx16")))
     program = Program(
         loss=loss, backward=backward, clip=clip, grad_op=op,
         params_from=pick(PARAMS_FROM) if uses_list else "module", unscale=unscale,
@@ -736,6 +899,7 @@ def programs(draw: Callable) -> Program:
         closure=pick(CLOSURES), view_write=pick(VIEW_WRITES) if torch_loss else "none",
         groups=pick(GROUPS),
         data=pick(DATA) if scaler == "dynamic" and backend != "cpu" else "clean",
+        machinery=machinery,
     )
     assert program.valid, (program, program.problems())
     return program

@@ -53,6 +53,15 @@ Tolerances.
 The fixed table (:data:`TABLE`) covers every value of every axis at least once; a
 hypothesis strategy (:func:`programs.programs`) draws further valid combinations, a
 fixed, derandomized set of them by default and more with ``CEREBRAX_CONFORMANCE_ALL=1``.
+
+The machinery axis (torch's own autograd and optimizer machinery in the step: custom
+``autograd.Function`` backwards, ``.data`` writes and reads, tensor, parameter and module
+hooks, ``torch.autograd.grad`` with and without ``create_graph``, ``torch.optim``
+optimizers and schedulers kept from a torch script, ``torch.autocast``) is compared like
+the rest, except autocast: its reference is torch's own autocast run, and the bound the
+float16 one with bfloat16's unit roundoff (``2**-8``): cerebrax applies torch's autocast
+(its op lists make every cast), and XLA's bfloat16 kernels round differently from
+torch's.
 """
 
 from __future__ import annotations
@@ -124,6 +133,29 @@ TABLE = [
             closure="both", loss="module"),
     Program(backend="csx16", backward="scaler", scaler="dynamic", data="nan_step",
             optimizer="AdamW", zero_grad="end", groups=2),
+    # torch's own machinery: custom Functions, .data, hooks, autograd.grad, torch.optim
+    # objects, autocast; each with a scaler, CSX float16, clipping or closures
+    Program(machinery="function_ste", backend="csx16", backward="scaler", scaler="dynamic",
+            unscale=True, clip="torch_norm"),
+    Program(machinery="function_reversal", closure="both", optimizer="Adam"),
+    Program(machinery="data_write", backward="scaler", scaler="dynamic", backend="csx32",
+            data="nan_step"),
+    Program(machinery="data_read", clip="torch_norm", params_from="param_groups", groups=2),
+    Program(machinery="tensor_hook", backend="csx16", closure="inside"),
+    Program(machinery="param_hook", backend="csx16", backward="scaler", scaler="dynamic",
+            unscale=True, clip="torch_value"),
+    Program(machinery="module_hook", backward="optimizer_step", scaler="static",
+            backend="csx32", clip="cstorch_norm"),
+    Program(machinery="grad_graph", backend="csx16", optimizer="Adam"),
+    Program(machinery="grad_no_graph", clip="cstorch_norm", closure="outside"),
+    Program(machinery="torch_optim", optimizer="AdamW", scheduler="inside", schedule="step"),
+    Program(machinery="torch_optim", optimizer="SGD-nesterov", backward="scaler",
+            scaler="dynamic", backend="csx32", data="nan_step", scheduler="inside",
+            schedule="cosine"),
+    Program(machinery="torch_optim", optimizer="RMSprop", backend="csx16", groups=2,
+            scheduler="outside", schedule="exponential", clip="torch_norm"),
+    Program(machinery="autocast", backward="scaler", scaler="static", backend="csx32",
+            closure="both"),
 ]
 
 

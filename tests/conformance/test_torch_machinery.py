@@ -9,6 +9,7 @@ or checks that cerebrax refuses the construct at trace time with a
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -478,3 +479,17 @@ def test_a_step_traced_without_autocast_refuses_a_call_under_it():
         with pytest.raises(cstorch.errors.RecompileError, match="now called under torch"):
             step(x)
     cstorch.reset()
+
+
+def test_torch_code_on_parameters_after_a_jax_losss_backward_is_refused():
+    """After ``cstorch.backward(loss)`` on a JAX loss the update runs after the step's
+    code: a ``p.data`` write there would come before it, not after as written."""
+    def body(net, module, optimizer, x, y):
+        out = net(jnp.asarray(x))  # JAX in, JAX out
+        cstorch.backward(((out - jnp.asarray(y)) ** 2).mean())
+        optimizer.step()
+        module.fc1.weight.data.clamp_(-0.2, 0.2)
+        return torch.zeros(())
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match="before the update"):
+        M.run(body, eager=False)
