@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 import torch.nn.modules.module as torch_module
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
@@ -93,6 +94,9 @@ def exporting_functions() -> Iterator[None]:
         _STATE.exporting -= 1
 
 
+_REENTRANT_CHECKPOINT = torch.utils.checkpoint.CheckpointFunction
+
+
 def _install() -> None:
     with _LOCK:
         _INSTALLED[0] += 1
@@ -113,6 +117,15 @@ def _uninstall() -> None:
 
 def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     """``Function.apply``'s last step while patched: routed by where it runs and on what."""
+    if _STATE.depth and cls is _REENTRANT_CHECKPOINT:
+        # torch.utils.checkpoint(..., use_reentrant=True): its backward recomputes the
+        # forward, so its gradients are the function's own, and none at all where no
+        # tensor input requires grad (torch warns then); run it as that.
+        function, _, *inputs = args
+        if any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
+            return function(*inputs)
+        with torch.no_grad():
+            return function(*inputs)
     if _STATE.depth and not cls.__module__.startswith("torch."):
         tensors = [x for x in pytree.tree_leaves((args, kwargs))
                    if isinstance(x, torch.Tensor)]

@@ -493,3 +493,29 @@ def test_torch_code_on_parameters_after_a_jax_losss_backward_is_refused():
 
     with pytest.raises(cstorch.errors.UnsupportedOpError, match="before the update"):
         M.run(body, eager=False)
+
+
+class _ReentrantCheckpoint(M.Mlp):
+    """``torch.utils.checkpoint(..., use_reentrant=True)`` around a part of ``forward``,
+    on the input (which needs no gradient) or on an activation (which does)."""
+
+    def __init__(self, on_input: bool):
+        super().__init__()
+        self.on_input = on_input
+
+    def forward(self, x):
+        if self.on_input:  # torch gives fc1 no gradient here, with a warning
+            h = torch.utils.checkpoint.checkpoint(lambda z: torch.tanh(self.fc1(z)), x,
+                                                  use_reentrant=True)
+        else:
+            h = torch.utils.checkpoint.checkpoint(torch.tanh, self.fc1(x), use_reentrant=True)
+        return self.fc2(h)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")
+@pytest.mark.parametrize("on_input", [True, False], ids=["on_input", "on_activation"])
+def test_reentrant_activation_checkpointing(on_input):
+    """Reentrant checkpointing trains as torch: the checkpointed part's gradients are its
+    own, and none where no input of it requires grad (its no_grad forward stopped every
+    gradient, so fc1 never trained)."""
+    check(build=lambda: _ReentrantCheckpoint(on_input))
