@@ -209,7 +209,21 @@ def _autograd_call(func: Any) -> Any:
         return _backward
     if func == torch.Tensor.detach_:
         return _detach_
+    if func == torch.Tensor.retain_grad:
+        return _retain_grad
     return None
+
+
+def _retain_grad(tensor: Any) -> None:
+    """``t.retain_grad()`` on a tensor of the step: refused (``t.grad`` would stay None)."""
+    from torch_bridge import JaxTensor
+
+    if not isinstance(tensor, JaxTensor):
+        return torch.Tensor.retain_grad(tensor)
+    raise UnsupportedOpError(
+        "t.retain_grad() inside a traced step: cerebrax does not fill a non-leaf tensor's "
+        ".grad. A hook registered right after t is made, t.register_hook(fn), gets t's "
+        "gradient (and may change it); pass what it computes to a step closure to see it.")
 
 
 def _detach_(tensor: Any) -> Any:

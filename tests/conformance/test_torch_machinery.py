@@ -519,3 +519,15 @@ def test_reentrant_activation_checkpointing(on_input):
     own, and none where no input of it requires grad (its no_grad forward stopped every
     gradient, so fc1 never trained)."""
     check(build=lambda: _ReentrantCheckpoint(on_input))
+
+
+def test_retain_grad_on_an_activation_is_refused():
+    """``out.retain_grad()`` then ``out.grad``: cerebrax fills no non-leaf ``.grad``, and
+    says what to use instead (``out.grad`` stayed None)."""
+    def body(net, module, optimizer, x, y):
+        out = net(x)
+        out.retain_grad()
+        return F.mse_loss(out, y)
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match="retain_grad"):
+        M.run(body, eager=False)
