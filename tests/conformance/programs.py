@@ -259,7 +259,7 @@ class _ClampThrough(torch.autograd.Function):
         return grad, None, None
 
 
-class _ReverseGradient(torch.autograd.Function):
+class ReverseGradient(torch.autograd.Function):
     """Gradient reversal: the identity forward, ``-alpha * grad`` backward."""
 
     @staticmethod
@@ -285,7 +285,7 @@ class MachineryMlp(Mlp):
         if self.machinery == "function_ste":
             h = _ClampThrough.apply(h, -0.5, 0.5)
         elif self.machinery == "function_reversal":
-            h = _ReverseGradient.apply(h, 0.5)
+            h = ReverseGradient.apply(h, 0.5)
         elif self.machinery == "tensor_hook":
             h.register_hook(lambda grad: grad * 2.0)
         return self[2](h)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from programs import ReverseGradient
 from test_named_cases import compiled, eager
 
 import cerebrax as cstorch
@@ -67,19 +68,6 @@ class RoundThrough(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad
-
-
-class ReverseGradient(torch.autograd.Function):
-    """Identity forward; backward ``-alpha * grad`` (``alpha`` a Python number)."""
-
-    @staticmethod
-    def forward(ctx, x, alpha):
-        ctx.alpha = alpha
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return -ctx.alpha * grad, None
 
 
 class LeakyThrough(torch.autograd.Function):
