@@ -531,3 +531,29 @@ def test_retain_grad_on_an_activation_is_refused():
 
     with pytest.raises(cstorch.errors.UnsupportedOpError, match="retain_grad"):
         M.run(body, eager=False)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("data of another shape", "keep their shapes"),
+    ("backward with grad_tensors", "without grad_tensors"),
+    ("grads batched", "is_grads_batched"),
+    ("detach_ on a view", "detach views in place"),
+])
+def test_further_autograd_forms_cerebrax_refuses(case, match):
+    """Each refusal names the fix."""
+    def body(net, module, optimizer, x, y):
+        out = net(x)
+        loss = F.mse_loss(out, y)
+        if case == "data of another shape":
+            module.fc1.weight.data = torch.zeros(2, 2)
+        elif case == "backward with grad_tensors":
+            torch.autograd.backward(loss, grad_tensors=torch.ones(()))
+        elif case == "grads batched":
+            z = x.clone().requires_grad_()
+            torch.autograd.grad(net(z).sum(), z, is_grads_batched=True)
+        else:
+            (out * 2)[0].detach_()
+        return loss
+
+    with pytest.raises(cstorch.errors.UnsupportedOpError, match=match):
+        M.run(body, eager=False)
