@@ -2,7 +2,8 @@
 
 ``cerebrax run SCRIPT [ARGS...]`` runs a script as ``python SCRIPT ARGS...`` would (the
 same ``sys.argv``, ``__name__ == "__main__"``, the script's folder first on ``sys.path``,
-its exit status), with ``cerebras.pytorch`` and every submodule of it resolving to
+its exit status); ``cerebrax run -m MODULE`` as ``python -m MODULE``; ``cerebrax run NAME``
+a console script pip installed (``cszoo``) as its command would, with ``cerebras.pytorch`` and every submodule of it resolving to
 cerebrax's own modules. :func:`enable_cstorch_alias` does the same inside a running
 interpreter (a notebook, a test harness).
 
@@ -26,16 +27,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import importlib.metadata
+import importlib.util
 import os
 import pathlib
 import runpy
+import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._runtime import RUNTIME
 from .errors import ConfigError
 
-__all__ = ["ALIAS_DIR", "alias_enabled", "enable_cstorch_alias", "run_script"]
+__all__ = ["ALIAS_DIR", "alias_enabled", "enable_cstorch_alias", "run_module", "run_script"]
 
 ALIAS_DIR = pathlib.Path(__file__).resolve().parent / "_alias"
 
@@ -100,17 +104,82 @@ def enable_cstorch_alias() -> None:
     RUNTIME.cstorch_alias = True
 
 
+MSG_NO_PROGRAM = """\
+no such script or command {name!r}. cerebrax run takes a Python file
+(`cerebrax run train.py`), a module (`cerebrax run -m package.module`) or a console script
+installed on PATH (`cerebrax run cszoo fit params.yaml`)."""
+
+MSG_NOT_PYTHON = """\
+{name!r} ({where}) is not a Python program: cerebrax runs Python code only.
+Run a Python script, a module (-m) or a console script installed by pip."""
+
+
 def run_script(script: str, args: Sequence[str] = ()) -> int:
     """Runs ``script`` as ``python script *args`` would, with the cstorch alias on; returns
-    its exit status (0 when it ends normally; ``SystemExit``'s code otherwise)."""
+    its exit status (0 when it ends normally; ``SystemExit``'s code otherwise).
+
+    ``script`` may also name a console script that pip installed (``cszoo``), found among
+    the installed packages' entry points or as a Python file on ``PATH``: it runs as its
+    command would."""
     path = pathlib.Path(script)
-    if not path.is_file():
-        raise ConfigError(f"cerebrax run: no such script {script!r}.")
+    if path.is_file():
+        enable_cstorch_alias()
+        sys.argv = [str(path), *args]
+        sys.path.insert(0, str(path.resolve().parent))
+        return _exit_status(lambda: runpy.run_path(str(path), run_name="__main__"))
+    if os.sep in script or script.endswith(".py"):
+        raise ConfigError(MSG_NO_PROGRAM.format(name=script))
+    entry = _console_script(script)
+    found = shutil.which(script)
+    if entry is not None:
+        enable_cstorch_alias()
+        sys.argv = [found or script, *args]
+        return _exit_status(lambda: sys.exit(entry.load()()))
+    if found is None:
+        raise ConfigError(MSG_NO_PROGRAM.format(name=script))
+    if not _is_python(found):
+        raise ConfigError(MSG_NOT_PYTHON.format(name=script, where=found))
     enable_cstorch_alias()
-    sys.argv = [str(path), *args]
-    sys.path.insert(0, str(path.resolve().parent))
+    sys.argv = [found, *args]
+    return _exit_status(lambda: runpy.run_path(found, run_name="__main__"))
+
+
+def run_module(module: str, args: Sequence[str] = ()) -> int:
+    """Runs ``module`` as ``python -m module *args`` would (the current folder first on
+    ``sys.path``, ``sys.argv[0]`` the module's file), with the cstorch alias on; returns its
+    exit status."""
+    enable_cstorch_alias()
+    sys.path.insert(0, os.getcwd())
     try:
-        runpy.run_path(str(path), run_name="__main__")
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ConfigError(f"no module named {module!r}.")
+    sys.argv = [module, *args]  # runpy sets argv[0] to the module's file
+    return _exit_status(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+
+
+def _console_script(name: str) -> importlib.metadata.EntryPoint | None:
+    """The installed ``console_scripts`` entry point called ``name``, or None."""
+    found = importlib.metadata.entry_points(group="console_scripts", name=name)
+    return next(iter(found), None)
+
+
+def _is_python(path: str) -> bool:
+    """Whether the file at ``path`` is a Python program (a ``#!...python`` first line)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _exit_status(run: Callable[[], object]) -> int:
+    """``run()``'s exit status as the interpreter would give it."""
+    try:
+        run()
     except SystemExit as e:
         if e.code is None:
             return 0

@@ -281,10 +281,16 @@ def _run_script(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(MSG_RUN_USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
-    from ._cstorch_alias import run_script
+    from ._cstorch_alias import run_module, run_script
     from .errors import ConfigError
 
     try:
+        if argv[0] == "-m":
+            if len(argv) < 2:
+                print("cerebrax run: error: -m takes a module name.\n" + MSG_RUN_USAGE,
+                      file=sys.stderr)
+                return 2
+            return run_module(argv[1], argv[2:])
         return run_script(argv[0], argv[1:])
     except ConfigError as e:
         print(f"cerebrax run: error: {e}", file=sys.stderr)
@@ -292,8 +298,11 @@ def _run_script(argv: list[str]) -> int:
 
 
 MSG_RUN_USAGE = """usage: cerebrax run SCRIPT [ARGS ...]
+       cerebrax run -m MODULE [ARGS ...]
+       cerebrax run COMMAND [ARGS ...]
 
-Runs an unmodified cstorch script as `python SCRIPT ARGS ...` would, with
+Runs an unmodified cstorch program as `python SCRIPT ARGS ...`, `python -m MODULE ARGS ...`
+or an installed console script (`cerebrax run cszoo fit params.yaml`) would, with
 `import cerebras.pytorch as cstorch` (and its submodules) giving cerebrax, also in the
 DataLoader worker processes it starts."""
 

@@ -486,7 +486,93 @@ def test_cerebrax_run_refuses_to_shadow_a_real_cerebras_pytorch(tmp_path):
 def test_cerebrax_run_names_a_missing_script(tmp_path):
     done = subprocess.run([sys.executable, "-m", "cerebrax", "run", str(tmp_path / "no.py")],
                           env=_plain_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "no such script" in done.stderr
+    assert done.returncode == 2 and "no such script or command" in done.stderr
+
+
+_PROGRAM = """
+import json, sys
+import cerebras.pytorch as cstorch
+import cerebrax
+
+
+def main():
+    print(json.dumps({"argv": sys.argv, "name": __name__, "same": cstorch is cerebrax}))
+    return int(sys.argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def _run_command(tmp_path, *argv: str, env=None):
+    return subprocess.run([sys.executable, "-m", "cerebrax", "run", *argv], cwd=tmp_path,
+                          env=env or _plain_env(), capture_output=True, text=True, timeout=180)
+
+
+def _last_json(done) -> dict:
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_cerebrax_run_m_runs_a_module_as_python_m_would(tmp_path):
+    """``cerebrax run -m MODULE ARGS``: the module as ``__main__``, found from the current
+    folder, ``sys.argv[0]`` its file, the alias on, its exit status."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "tool.py").write_text(_PROGRAM)
+    done = _run_command(tmp_path, "-m", "pkg.tool", "4", "--x")
+    assert done.returncode == 4, done.stderr
+    assert _last_json(done) == {"argv": [str(tmp_path / "pkg" / "tool.py"), "4", "--x"],
+                                "name": "__main__", "same": True}
+    missing = _run_command(tmp_path, "-m", "pkg.absent")
+    assert missing.returncode == 2 and "no module named 'pkg.absent'" in missing.stderr
+    bare = _run_command(tmp_path, "-m")
+    assert bare.returncode == 2 and "-m takes a module name" in bare.stderr
+
+
+def test_cerebrax_run_runs_an_installed_console_script(tmp_path):
+    """``cerebrax run cszoo fit ...``: a console script pip installed (an entry point of an
+    installed distribution) runs with the alias on, its arguments, and its exit status."""
+    site = tmp_path / "site"
+    (site / "zootool").mkdir(parents=True)
+    (site / "zootool" / "__init__.py").write_text("")
+    (site / "zootool" / "cli.py").write_text(_PROGRAM)
+    info = site / "zootool-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: zootool\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nzoo-tool = zootool.cli:main\n")
+    env = _plain_env()
+    env["PYTHONPATH"] += os.pathsep + str(site)
+    done = _run_command(tmp_path, "zoo-tool", "5", "fit", "params.yaml", env=env)
+    assert done.returncode == 5, done.stderr
+    result = _last_json(done)
+    assert result["argv"][1:] == ["5", "fit", "params.yaml"]
+    assert result["name"] == "zootool.cli" and result["same"] is True
+    assert _run_command(tmp_path, "zoo-tool", "0", env=env).returncode == 0
+
+
+def test_cerebrax_run_runs_a_python_program_on_path_and_refuses_others(tmp_path):
+    """A Python file on PATH (a ``#!`` python first line) runs; a program in another
+    language is refused by name, and an unknown name says what ``run`` takes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "pytool"
+    tool.write_text("#!/usr/bin/env python3\n" + _PROGRAM)
+    tool.chmod(0o755)
+    shell = bin_dir / "shtool"
+    shell.write_text("#!/bin/sh\necho hi\n")
+    shell.chmod(0o755)
+    env = _plain_env()
+    env["PATH"] = str(bin_dir) + os.pathsep + env["PATH"]
+    done = _run_command(tmp_path, "pytool", "6", env=env)
+    assert done.returncode == 6, done.stderr
+    assert _last_json(done) == {"argv": [str(tool), "6"], "name": "__main__", "same": True}
+    refused = _run_command(tmp_path, "shtool", env=env)
+    assert refused.returncode == 2 and "is not a Python program" in refused.stderr
+    unknown = _run_command(tmp_path, "no-such-tool-here", env=env)
+    assert unknown.returncode == 2
+    assert "no such script or command 'no-such-tool-here'" in unknown.stderr
+    assert "cerebrax run -m package.module" in unknown.stderr
 
 
 def test_cerebrax_run_without_a_script_prints_its_usage(capsys):
