@@ -5,6 +5,7 @@ Only imported where torch is (a compiled torch module exists)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jax
@@ -13,7 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
-from torch_bridge import stand_in
+from torch_bridge import JaxTensor, stand_in, to_jax
 
 from . import _grad_regions, _state
 from ._runtime import RUNTIME
@@ -68,6 +69,17 @@ _SET_DATA = torch.Tensor.data.__set__
 _REQUIRES_GRAD = (torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__)
 _HOOK_REGISTRATIONS = (torch.Tensor.register_hook,
                        torch.Tensor.register_post_accumulate_grad_hook)
+# Python's augmented assignments on a tensor (``n += x``): torch routes them through the
+# mode under these names; like ``add_``, they write into their first argument.
+_AUGMENTED = frozenset(f"__i{op}__" for op in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and", "or", "xor",
+    "lshift", "rshift"))
+
+
+def _writes_in_place(func: Any) -> bool:
+    """Whether the torch call ``func`` writes into its first argument (``add_``, ``+=``)."""
+    name = getattr(func, "__name__", "")
+    return name in _AUGMENTED or (name.endswith("_") and not name.startswith("_"))
 
 
 class _TorchWrites:
@@ -118,6 +130,10 @@ class ParameterReads(TorchFunctionMode):
                 tensor = self._views[p] = stand_in(_TorchWrites(p), original)
                 self._stand_ins[id(p)] = (p, tensor)
             self._stand_ins[id(original)] = (original, tensor)
+        # Plain torch tensors that torch calls made inside the step (``torch.tensor(0.)``),
+        # by id, with a weak reference, and those given a step tensor: see _local_of.
+        self._made: dict[int, weakref.ref] = {}
+        self._locals: dict[int, tuple[Any, Any]] = {}
 
     def __enter__(self) -> ParameterReads:
         RUNTIME.torch_views = self._views
@@ -128,10 +144,14 @@ class ParameterReads(TorchFunctionMode):
         super().__exit__(*exc)
 
     def _stand_in_of(self, x: Any) -> Any:
-        found = self._stand_ins.get(id(x))
+        found = self._stand_ins.get(id(x)) or self._locals.get(id(x))
         if found is not None and found[0] is x:
             return found[1]
         return x
+
+    def _local(self, x: Any) -> Any:
+        found = self._locals.get(id(x))
+        return found[1] if found is not None and found[0] is x else x
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -152,7 +172,41 @@ class ParameterReads(TorchFunctionMode):
         if getattr(func, "__name__", None) in _OBJECT_ACCESS and func != _DATA:
             return func(*args, **kwargs)
         args, kwargs = pytree.tree_map(self._stand_in_of, (args, kwargs))
-        return func(*args, **kwargs)
+        if args and _writes_in_place(func):
+            args = (self._local_of(args[0], args[1:], kwargs), *args[1:])
+        result = func(*args, **kwargs)
+        self._note_made(result, args, kwargs)
+        return result
+
+    def _note_made(self, result: Any, args: tuple, kwargs: dict) -> None:
+        """Remembers ``result`` where it is a new plain torch tensor, not a view."""
+        if type(result) is not torch.Tensor or result._base is not None:
+            return
+        if any(x is result for x in pytree.tree_leaves((args, kwargs))):
+            return  # ``t.to("cpu")`` returns its own argument
+        self._made[id(result)] = weakref.ref(result)
+
+    def _local_of(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        """The tensor an in-place op writes into: ``target`` itself, or, for a plain torch
+        tensor made in this step that a value of the step is written into
+        (``n = torch.tensor(0.); n += p.norm() ** 2``), a step tensor holding its value
+        that stands in for it from now on, in every torch call, as a parameter's does.
+        (A tensor made before the step stays a constant and the write is refused.)"""
+        ref = self._made.get(id(target))
+        if ref is None or ref() is not target:
+            return target
+        if not any(isinstance(x, JaxTensor) for x in pytree.tree_leaves((args, kwargs))):
+            return target  # torch's own write, on constants
+        local = JaxTensor(to_jax(target), target.dtype)
+        self._locals[id(target)] = (target, local)
+        del self._made[id(target)]
+        return local
+
+    def resolve(self, tree: Any) -> Any:
+        """``tree`` with each torch tensor made in the step that was given a step tensor
+        replaced by it (what the step returns, or passes to a closure, is what its torch
+        code computed)."""
+        return pytree.tree_map(self._local, tree) if self._locals else tree
 
     def _set_data(self, tensor: Any, value: Any) -> None:
         """``p.data = value``: a parameter's new value, kept in the compiled state."""

@@ -144,6 +144,9 @@ class TraceContext:
         # made in the forward pass so far (weak references).
         self.regions: list = []
         self.made: list = []
+        # The torch function mode of live torch parameters while the step's code runs
+        # (None without compiled torch parameters): see _live_torch_parameters.
+        self.live: Any = None
 
     # ---- state -----------------------------------------------------------------
     def read(self, ref: _state.StateRef) -> Any:
@@ -299,6 +302,8 @@ class TraceContext:
 
     # ---- values leaving the differentiated pass ---------------------------------------
     def route(self, tree: Any) -> _Routed:
+        if self.live is not None:
+            tree = self.live.resolve(tree)
         if self.phase != "forward":
             return _Routed(None, [], inline=tree)
         leaves, treedef = jax.tree.flatten(tree)
@@ -401,7 +406,7 @@ class TraceContext:
         with self._torch_parameter_grads():
             # the torch code after loss.backward()
             result = _grad_regions.serve(self, self.resume())
-        return result.value
+        return self.live.resolve(result.value) if self.live is not None else result.value
 
     def finish(self, refs: list[_state.StateRef], outputs: Any) -> StepRecord:
         """The frozen record of the step once :meth:`run` returned ``outputs``: the new
@@ -544,8 +549,12 @@ def _live_torch_parameters(ctx: TraceContext) -> Iterator[None]:
         return
     from ._torch_parameters import ParameterReads
 
-    with ParameterReads(aliases):
-        yield
+    with ParameterReads(aliases) as mode:
+        ctx.live = mode
+        try:
+            yield
+        finally:
+            ctx.live = None
 
 
 def _apply_parameter_hooks(ctx: TraceContext) -> None:

@@ -23,6 +23,7 @@ import inspect
 import os
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -324,6 +325,24 @@ class TracedStep:
     # ---- calling ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._retracing(self._call, args, kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """A traced method (``@cstorch.trace`` on ``def training_step(self, batch)``):
+        looked up on an instance, the step bound to that instance, a traced step of its
+        own (each instance compiles its own program, as ``self`` is part of the step's
+        Python). It is kept in the instance's ``__dict__``, so later lookups find it."""
+        if instance is None:
+            return self
+        bound = TracedStep(types.MethodType(self._fn, instance))
+        try:
+            vars(instance)[self.__name__] = bound
+        except TypeError:
+            raise ConfigError(
+                f"@cstorch.trace on the method `{self.__name__}` of "
+                f"{type(instance).__name__}, whose instances have no __dict__ (__slots__): "
+                "the traced step bound to an instance is kept there. Trace a function "
+                "instead, or give the class a __dict__.") from None
+        return bound
 
     def _retracing(self, run: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``run(*args, **kwargs)``, built and traced again after each :class:`Retrace`."""

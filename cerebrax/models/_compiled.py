@@ -157,6 +157,12 @@ class CompiledModel:
         return iter(self._buffers.items())
 
     @property
+    def device(self) -> Any:
+        """The backend's torch device (cstorch's ``compiled_model.device``): where torch
+        code puts a tensor it makes for the step, ``torch.zeros(3).to(model.device)``."""
+        return self.backend.torch_device
+
+    @property
     def training(self) -> bool:
         """Train or eval mode; for a torch module, the original module's own flag."""
         mode = self._adapter.is_training()

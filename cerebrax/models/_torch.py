@@ -208,13 +208,19 @@ class TorchModelAdapter(ModelAdapter):
         from ._torch_hooks import install
 
         install(self.module, compiled)
+        # As cstorch's compile does: the module knows its backend's torch device
+        # (``torch.tensor(0.).to(model.device)``), unless it has a ``device`` of its own.
+        if not hasattr(self.module, "device"):
+            self.module.device = compiled.backend.torch_device
 
 
 def torch_model_adapter(module: torch.nn.Module) -> TorchModelAdapter:
     """The :class:`ModelAdapter` of a torch module (what ``cstorch.compile`` uses).
 
     Args:
-      module: the torch module; it is not modified.
+      module: the torch module. Compiling it registers state-dict hooks on it (see
+        ``cerebrax.models._torch_hooks``) and, where it has none, sets its ``device``
+        attribute to the backend's torch device, as cstorch does.
     """
     return TorchModelAdapter(module)
 
