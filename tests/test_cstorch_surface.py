@@ -178,13 +178,47 @@ def test_nn_modules():
     lambda: cstorch.experimental.get_loop_iteration_slice(torch.ones(2)),
     lambda: cstorch.experimental.update_implicit_loop(torch.ones(2)),
     lambda: cstorch.experimental.Compression("lossless"),
-    lambda: cstorch.experimental.listener.register_traced_tensor_hook(print),
-    lambda: __import__("cerebrax.backend.ltc_backend", fromlist=["x"])
-    .register_after_tensor_to_cpu(print),
 ])
 def test_features_cerebrax_lacks_raise_when_used(call):
     with pytest.raises(UnsupportedOpError, match="not (supported|implement)|cerebrax"):
         call()
+
+
+@pytest.mark.parametrize("register", [
+    lambda hook: cstorch.experimental.listener.register_traced_tensor_hook(hook),
+    lambda hook: __import__("cerebrax.backend.ltc_backend", fromlist=["x"])
+    .register_after_tensor_to_cpu(hook),
+])
+def test_compiler_only_hooks_are_accepted_never_called_and_change_nothing(register):
+    """Model Zoo's default callbacks register a traced-tensor listener and a lazy-tensor
+    transfer hook: both are accepted (a handle whose remove() works, also twice), the hook
+    is never called, and a step trained with one registered gives the same values."""
+    def train(with_hook: bool) -> list[float]:
+        cstorch.reset()
+        torch.manual_seed(0)
+        module = torch.nn.Linear(3, 1)
+        model = cstorch.compile(module, "CPU")
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+        calls = []
+        handle = register(lambda *a: calls.append(a)) if with_hook else None
+
+        @cstorch.trace
+        def step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        x = torch.arange(6.0).reshape(2, 3)
+        losses = [float(step(x)) for _ in range(3)]
+        if handle is not None:
+            handle.remove()
+            handle.remove()
+        assert calls == []
+        return losses
+
+    assert train(True) == train(False)
 
 
 def test_sparse_configure_is_the_function_and_its_module_imports():

@@ -1,19 +1,23 @@
 """``cstorch.backend.ltc_backend``: hooks of cstorch's lazy-tensor backend.
-``register_after_tensor_to_cpu`` (a hook on every tensor the device sends to the host)
-is not available in cerebrax; calling it is an error that gives the alternative."""
+
+cstorch calls a hook registered with ``register_after_tensor_to_cpu`` on every tensor its
+device sends to the host (Model Zoo's throughput profiler times batches with it). cerebrax
+has no lazy-tensor transfer: the registration is accepted, so that such code runs, and the
+hook is never called. Nothing of training changes. A step closure
+(``@cstorch.step_closure``) receives the step's values on the host.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import UnsupportedOpError
+from ..experimental.listener import InertHandle
 
 __all__ = ["register_after_tensor_to_cpu"]
 
 
-def register_after_tensor_to_cpu(hook: Any) -> Any:
-    """A hook on every tensor moved to the host: an error in cerebrax."""
-    raise UnsupportedOpError(
-        "cstorch.backend.ltc_backend.register_after_tensor_to_cpu is not supported by "
-        "cerebrax: it has no lazy-tensor transfer to hook. Read the values in a step "
-        "closure (@cstorch.step_closure), which receives them on the host.")
+def register_after_tensor_to_cpu(hook: Callable[[Any, str], Any]) -> InertHandle:
+    """Registers ``hook(tensor, name)`` for the tensors moved to the host; cerebrax never
+    calls it (see the module docstring). Returns a handle with ``remove()``."""
+    return InertHandle(hook)

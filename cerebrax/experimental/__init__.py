@@ -1,12 +1,14 @@
 """``cstorch.experimental``: cstorch's experimental wafer features. cerebrax has none of
-them; the names exist so that code that imports them runs, and using one is an
+them; the names exist so that code that imports them runs. Using one of these is an
 :class:`~cerebrax.errors.UnsupportedOpError` that names the feature:
 
 - ``start_implicit_loop`` / ``update_implicit_loop`` / ``get_loop_iteration_slice``:
   a generation loop compiled into the wafer program (cstorch's autoregressive
   inference);
-- ``Compression``: compressed weight transfer;
-- ``listener.register_traced_tensor_hook``: hooks on the tensors of the traced graph.
+- ``Compression``: compressed weight transfer.
+
+``listener.register_traced_tensor_hook`` (hooks on the tensors of the traced graph) is
+accepted and its hook never called (see :mod:`cerebrax.experimental.listener`).
 """
 
 from __future__ import annotations

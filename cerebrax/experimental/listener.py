@@ -1,18 +1,37 @@
-"""``cstorch.experimental.listener``: hooks on the tensors of the traced graph; an error
-in cerebrax (see :mod:`cerebrax.experimental`)."""
+"""``cstorch.experimental.listener``: hooks on the tensors of the traced graph.
+
+cstorch calls a registered hook on every tensor its compiler traces (Model Zoo's listener
+callbacks register one to dump tensor names or attach listeners to them). cerebrax's
+compiled step has no per-tensor listeners: the registration is accepted, so that such code
+runs, and the hook is never called. Nothing of training changes. Read values in a step
+closure (``@cstorch.step_closure``) or with ``cstorch.summarize_tensor`` instead.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import UnsupportedOpError
-
-__all__ = ["register_traced_tensor_hook"]
+__all__ = ["InertHandle", "register_traced_tensor_hook"]
 
 
-def register_traced_tensor_hook(hook: Any) -> Any:
-    """Calls ``hook`` on every tensor of the traced graph: an error in cerebrax."""
-    raise UnsupportedOpError(
-        "cstorch.experimental.listener.register_traced_tensor_hook is not supported by "
-        "cerebrax: there are no per-tensor hooks in its compiled step. Read values in a "
-        "step closure (@cstorch.step_closure) or with cstorch.summarize_tensor instead.")
+class InertHandle:
+    """The handle of a hook cerebrax accepts and never calls: ``remove()`` does nothing."""
+
+    def __init__(self, hook: Callable[..., Any]):
+        self.hook = hook
+
+    def remove(self) -> None:
+        """Unregisters the hook (it was never called)."""
+
+    def __enter__(self) -> InertHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def register_traced_tensor_hook(hook: Callable[[Any, str], Any]) -> InertHandle:
+    """Registers ``hook(tensor, name)`` for the tensors of the traced graph; cerebrax never
+    calls it (see the module docstring). Returns a handle with ``remove()``."""
+    return InertHandle(hook)
