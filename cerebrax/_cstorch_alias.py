@@ -78,7 +78,8 @@ def alias_enabled() -> bool:
 def enable_cstorch_alias() -> None:
     """From now on ``import cerebras.pytorch as cstorch`` (and its submodules,
     ``cerebras.pytorch.distributed``, ``cerebras.pytorch.utils.tensorboard``, ...) gives
-    cerebrax's modules, in this process and in the processes it starts.
+    cerebrax's modules, in this process and in the processes it starts. The narrow fixes
+    of :mod:`cerebrax._torch_compat` (code written against torch 2.4) apply from now on.
 
     Raises:
       ConfigError: a real ``cerebras.pytorch`` is installed (named); cerebrax does not
@@ -101,6 +102,9 @@ def enable_cstorch_alias() -> None:
     if alias not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([alias, *parts])
     importlib.invalidate_caches()
+    from . import _torch_compat
+
+    _torch_compat.install()  # Model Zoo's torch-2.4 assumptions (see that module)
     RUNTIME.cstorch_alias = True
 
 
