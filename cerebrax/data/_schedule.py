@@ -18,9 +18,12 @@ from ..errors import ConfigError
 __all__ = ["Schedule"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Range:
     """The steps ``range(start, end, step)``, plus ``end - 1`` if ``include_last``.
+
+    As cstorch's, a range can be changed after it is made (Cerebras' Model Zoo sets a
+    copy's ``start`` to :meth:`next_immediate_step` to count the checkpoints left).
 
     Args:
       start: the first step (0-based, inclusive).
@@ -58,8 +61,20 @@ class _Range:
     def __iter__(self) -> Iterator[int]:
         yield from range(self.start, self.end, self.step)
         last = self.end - 1
-        if self.include_last and (last - self.start) % self.step != 0:
+        if self.include_last and last >= self.start and (last - self.start) % self.step != 0:
             yield last
+
+    def __len__(self) -> int:
+        """How many steps match (the strided ones, and ``end - 1`` if it is added)."""
+        return sum(1 for _ in self)
+
+    def range(self) -> range:
+        """The strided steps, ``range(start, end, step)`` (without ``include_last``)."""
+        return range(self.start, self.end, self.step)
+
+    def next_immediate_step(self, index: int) -> int:
+        """The first step of the range at or after ``index``; ``end`` where none is left."""
+        return next((s for s in self if s >= index), self.end)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,27 @@ def test_a_schedule_iterates_exactly_the_steps_it_matches(schedule):
     assert [s for s in range(60) if schedule.match(s)] == expected
 
 
+@settings(max_examples=60)
+@given(st.integers(0, 8), st.integers(1, 20), st.integers(1, 6), st.booleans(),
+       st.integers(0, 30))
+def test_a_range_counts_its_steps_and_finds_the_next_one_as_model_zoo_uses_it(
+        start, length, step, include_last, now):
+    """Model Zoo's run schedule: ``len(r)``, ``len(r.range())``, and a copy whose ``start``
+    is set to ``r.next_immediate_step(global_step)`` counts the checkpoints left."""
+    import copy
+
+    r = Schedule.Range(start, start + length, step, include_last)
+    matched = [s for s in range(60) if r.match(s)]
+    assert len(r) == len(matched) and len(r.range()) == len(range(start, start + length, step))
+    left = [s for s in matched if s >= now]
+    assert r.next_immediate_step(now) == (left[0] if left else r.end)
+    rest = copy.copy(r)
+    rest.start = rest.next_immediate_step(now)
+    assert len(rest) == len(left) and r.start == start  # the copy changed, not r
+    if left:
+        assert list(rest) == left
+
+
 @pytest.mark.parametrize("k, n", [(1, 5), (3, 10), (4, 12), (7, 5)])
 def test_an_int_is_the_schedule_of_its_multiples(k, n):
     loader = DataLoader(lambda: [np.zeros(1)], num_steps=n)
