@@ -127,8 +127,10 @@ def record(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str) -> None
     if executor is None:
         if kind == "summary":
             return  # no executor, no writer: summaries are dropped
-        if kind == "checkpoint":
+        if kind == "checkpoint" and RUNTIME.dispatches:
             raise StateError(MSG_CHECKPOINT_OUTSIDE.format(detail=""))
+        # A step closure, or a checkpoint closure at cstorch's "pre-initial step" (no step
+        # has run yet: Model Zoo's save_initial_checkpoint), runs now on the values now.
         args, kwargs = _materialize((args, kwargs))
         fn(*args, **kwargs)
         return
@@ -334,7 +336,8 @@ def checkpoint_closure(fn: Callable[..., Any]) -> Callable[..., None]:
     Checkpoint steps come from ``DataExecutor(checkpoint_steps=k)`` (0-based steps
     ``k-1, 2k-1, ...``) and always include the final step. On other steps the call is
     skipped. Model and optimizer state read inside is that of the closure's own step.
-    Outside an executor the call raises.
+    Before any step has run (cstorch's pre-initial step, e.g. saving the initial
+    checkpoint) the call runs at once; outside an executor after that it raises.
     """
 
     @functools.wraps(fn)

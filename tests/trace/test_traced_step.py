@@ -319,11 +319,31 @@ def test_checkpoint_closure_runs_on_checkpoint_steps_and_the_last_only():
     np.testing.assert_allclose(saved["in_step"], [float(losses[i]) for i in (3, 7, 9)])
 
 
-def test_checkpoint_closure_outside_an_executor_raises():
+def test_checkpoint_closure_before_any_step_runs_at_once_and_later_outside_raises():
+    """cstorch's pre-initial step: before any step ran, a checkpoint closure runs at once on
+    the initial state (Model Zoo's save_initial_checkpoint, called before its executor
+    exists). After a step, outside an executor, it raises."""
+    model = compiled_mlp()
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    initial = np.array(model.state_dict()["fc1.bias"])
+    saved = []
+
     @cstorch.checkpoint_closure
     def save():
-        pass
+        saved.append(np.array(model.state_dict()["fc1.bias"]))
 
+    save()
+    assert len(saved) == 1
+    np.testing.assert_array_equal(saved[0], initial)
+
+    @cstorch.trace
+    def training_step(x, y):
+        loss = xent(model(x), y)
+        cstorch.backward(loss)
+        optimizer.step()
+        return loss
+
+    training_step(*batches(1)[0])
     with pytest.raises(cstorch.StateError, match="Cannot fetch a checkpoint outside"):
         save()
 
