@@ -42,7 +42,7 @@ def _tbx() -> types.SimpleNamespace:
     from tensorboardX import RecordWriter
     from tensorboardX.proto import types_pb2
     from tensorboardX.proto.event_pb2 import Event
-    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboardX.proto.tensor_pb2 import TensorProto
     from tensorboardX.proto.tensor_shape_pb2 import TensorShapeProto
 
@@ -67,8 +67,8 @@ def _tbx() -> types.SimpleNamespace:
         np.dtype(np.complex128): types_pb2.DT_COMPLEX128,
     }
     return types.SimpleNamespace(RecordWriter=RecordWriter, Event=Event, Summary=Summary,
-                                 TensorProto=TensorProto, TensorShapeProto=TensorShapeProto,
-                                 data_types=data_types)
+                                 SummaryMetadata=SummaryMetadata, TensorProto=TensorProto, TensorShapeProto=TensorShapeProto,
+                                 data_types=data_types, string_type=types_pb2.DT_STRING)
 
 
 def _as_numpy(value: Any) -> np.ndarray:
@@ -242,6 +242,45 @@ class SummaryWriter:
         proto = _tensor_proto(self._check_tag(tag), _as_numpy(tensor))
         value = _tbx().Summary.Value(tag=tag, tensor=proto)
         self._write(self._event(value, global_step, walltime))
+
+    def add_text(
+        self,
+        tag: str,
+        text_string: str,
+        global_step: int | None = None,
+        walltime: float | None = None,
+    ) -> None:
+        """Writes ``text_string`` under ``tag`` as TensorBoard's text plugin shows it (a
+        string tensor, as torch's ``SummaryWriter.add_text`` writes it)."""
+        if not isinstance(text_string, str):
+            raise ConfigError(f"add_text({tag!r}, ...) takes a str, got "
+                              f"{type(text_string).__name__}.")
+        tbx = _tbx()
+        proto = tbx.TensorProto(dtype=tbx.string_type,
+                                string_val=[text_string.encode("utf-8")],
+                                tensor_shape=tbx.TensorShapeProto(
+                                    dim=[tbx.TensorShapeProto.Dim(size=1)]))
+        metadata = tbx.SummaryMetadata(
+            plugin_data=tbx.SummaryMetadata.PluginData(plugin_name="text"))
+        value = tbx.Summary.Value(tag=self._check_tag(tag), metadata=metadata, tensor=proto)
+        self._write(self._event(value, global_step, walltime))
+
+    # ---- what torch's and cstorch's writers expose --------------------------------------
+    def _get_file_writer(self) -> types.SimpleNamespace:
+        """torch's ``SummaryWriter._get_file_writer()``, as far as code reads it: its
+        ``event_writer._file_name`` is this writer's event file (Model Zoo links to it)."""
+        return types.SimpleNamespace(
+            event_writer=types.SimpleNamespace(_file_name=self.file_path),
+            get_logdir=lambda: self.log_dir, flush=self.flush)
+
+    @property
+    def cs_events_dir(self) -> str:
+        """cstorch's folder for the Cerebras events of this writer: ``<log_dir>/cs_events``,
+        created on first use. cerebrax writes nothing there (it has no wafer events);
+        code that links to or lists it (Model Zoo's TensorBoard logger) finds it."""
+        path = os.path.join(self.log_dir, "cs_events")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     # ---- lifetime -----------------------------------------------------------------------
     def flush(self) -> None:

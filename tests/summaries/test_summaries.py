@@ -445,3 +445,37 @@ def test_a_failed_close_raises_once_and_closes_the_writer(tmp_path, monkeypatch)
     writer.close()  # closed: a second close does nothing
     with pytest.raises(cstorch.errors.ConfigError, match="is closed"):
         writer.add_scalar("loss", 2.0, 2)
+
+
+# ---- what torch's and cstorch's writers expose (Model Zoo's TensorBoard logger) --------
+def test_add_text_is_read_by_tensorboard_as_text(tmp_path):
+    with SummaryWriter(tmp_path) as writer:
+        writer.add_text("config", "lr: 0.1\n**bold**", global_step=3)
+        writer.add_scalar("loss", 0.5, global_step=3)
+    accumulator = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    (event,) = accumulator.Tensors("config")
+    assert event.step == 3
+    assert tensor_util.make_ndarray(event.tensor_proto).tolist() == [b"lr: 0.1\n**bold**"]
+    metadata = accumulator.SummaryMetadata("config")
+    assert metadata.plugin_data.plugin_name == "text"
+    assert SummaryReader(tmp_path).scalars("loss") == [(3, 0.5)]
+    with pytest.raises(cstorch.ConfigError, match="takes a str"):
+        SummaryWriter(tmp_path / "other").add_text("x", 3)
+
+
+def test_the_file_writer_names_the_event_file_and_cs_events_dir_exists(tmp_path):
+    """Model Zoo links ``tf_events`` to ``_get_file_writer().event_writer._file_name`` and
+    ``cs_events`` to ``cs_events_dir``."""
+    import os
+
+    with SummaryWriter(tmp_path / "events") as writer:
+        path = writer._get_file_writer().event_writer._file_name
+        assert path == writer.file_path and os.path.isfile(path)
+        link = tmp_path / "tf_events"
+        link.symlink_to(os.path.relpath(os.path.realpath(path), tmp_path))
+        assert link.resolve() == pathlib.Path(path).resolve()
+        assert os.path.isdir(writer.cs_events_dir)
+        assert os.path.dirname(writer.cs_events_dir) == str(tmp_path / "events")
+    # the folder is not an event file: the reader still finds the one writer's file only
+    assert SummaryReader(tmp_path / "events").tags() == {"scalars": [], "tensors": []}
