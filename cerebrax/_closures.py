@@ -256,9 +256,23 @@ def _materialize(tree: Any) -> Any:
     """``tree`` on the host: numpy arrays, and torch tensors where the step had them."""
     leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: isinstance(x, _AsTorch))
     dtypes = [x.dtype if isinstance(x, _AsTorch) else None for x in leaves]
+    arrays = [isinstance(x, (_AsTorch, jax.Array)) for x in leaves]
     host = to_host([x.array if isinstance(x, _AsTorch) else x for x in leaves])
-    host = [x if d is None else to_torch(x, d) for x, d in zip(host, dtypes)]
+    if RUNTIME.cstorch_alias and "torch" in sys.modules:
+        # cstorch code gets torch tensors for every value of a step (the learning rate
+        # of a param group too), as cstorch's closures do: never numpy.
+        host = [_as_torch(x, d) if a else x for x, d, a in zip(host, dtypes, arrays)]
+    else:
+        host = [x if d is None else to_torch(x, d) for x, d in zip(host, dtypes)]
     return jax.tree.unflatten(treedef, host)
+
+
+def _as_torch(x: Any, dtype: Any) -> Any:
+    """The host array ``x`` as a torch tensor; a dtype torch lacks stays numpy."""
+    try:
+        return to_torch(x, dtype)
+    except (TypeError, ValueError):
+        return x
 
 
 def _run(entry: _Entry) -> None:

@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import _closures
-from ..backend import current_backend, run_config
 from .._filters import check_int
+from .._runtime import RUNTIME
+from ..backend import current_backend, run_config
 from ..errors import ConfigError, StateError
 from ._dataloader import DataLoader
 from ._profiler import Profiler
@@ -52,7 +53,11 @@ class DataExecutor:
     Iterating the executor yields one batch per step. Around each step it runs the
     queued step closures (one step behind, so the device never waits for the host),
     drains the queue on checkpoint steps and on the final step (so checkpoint closures
-    see their own step's state), and draws a progress bar.
+    see their own step's state), and draws a progress bar. Under the cstorch alias
+    (``cerebrax run``) a step's closures run as cstorch runs them, when the loop moves
+    on to the next step, so that they see the Python state of their own step (a
+    counter the loop advances, ``executor.iteration``); the host then waits for each
+    step before dispatching the next.
 
     Args:
       dataloader: a cstorch :class:`DataLoader`.
@@ -242,8 +247,11 @@ class DataExecutor:
         previous = step - 1
         if step == 1:
             self.profiler.start()  # step 0 is compiled and dispatched: the clock starts
-        # Run closures up to step - 2: step - 1 is still computing, keep it busy.
-        _closures.drain(step - 2)
+        # Run closures up to step - 2: step - 1 is still computing, keep it busy. cstorch
+        # code (the alias) gets cstorch's order instead: a step's closures run before the
+        # loop goes on, so they see the Python state of their own step (Model Zoo's
+        # Trainer logs under trainer.global_step read in the closure).
+        _closures.drain(step - (1 if RUNTIME.cstorch_alias else 2))
         self.profiler.step_done(self._samples)  # step - 1 is counted after their closures
         if self.is_checkpoint_step(previous):
             _closures.drain()
