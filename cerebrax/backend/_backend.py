@@ -154,6 +154,13 @@ class Backend:
         return self.backend_type == "CSX"
 
     @property
+    def _impl(self) -> Backend:
+        """cstorch's backend implementation object, which cstorch code reads through
+        ``backend._impl`` (Model Zoo: ``backend._impl.is_e2e_execution``). In cerebrax the
+        backend is its own implementation."""
+        return self
+
+    @property
     def is_e2e_execution(self) -> bool:
         """Whether steps run (False in compile-only and validate-only runs)."""
         return not (self.compile_only or self.validate_only)

@@ -238,3 +238,11 @@ def test_torch_module_without_bridge_names_the_fix():
         pytest.skip("the torch bridge is installed")
     with pytest.raises(cstorch.ConfigError, match="torch bridge"):
         cstorch.compile(torch.nn.Linear(2, 2), "CPU")
+
+
+def test_backend_impl_is_the_backend_as_cstorch_code_reads_it():
+    """Model Zoo reads ``trainer.backend._impl.is_e2e_execution``."""
+    backend = cstorch.backend("CPU")
+    assert backend._impl is backend
+    assert backend._impl.is_e2e_execution is True
+    assert backend._impl.device is backend.device
