@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from ._flags import apply_flags
 
 __all__ = [
     "Backend",
+    "BackendType",
     "RunConfig",
     "backend",
     "configure",
@@ -32,6 +34,40 @@ __all__ = [
 ]
 
 BACKEND_TYPES = ("CPU", "GPU", "CSX")
+
+
+class BackendType(enum.StrEnum):
+    """The kinds of backend: ``CPU``, ``GPU`` and ``CSX``. A member is also the string of
+    its name (``BackendType.CPU == "CPU"``): ``Backend.backend_type`` holds one, and
+    ``cstorch.backend`` takes either."""
+
+    CPU = "CPU"
+    GPU = "GPU"
+    CSX = "CSX"
+
+    @classmethod
+    def from_str(cls, name: str) -> BackendType:
+        """The type named ``name`` (case-insensitive)."""
+        try:
+            return cls[str(name).upper()]
+        except KeyError:
+            raise ConfigError(f"Unknown backend type {name!r}. Expected one of "
+                              f"{[t.name for t in cls]} (case-insensitive).") from None
+
+    @property
+    def is_cpu(self) -> bool:
+        """Whether this is ``BackendType.CPU``."""
+        return self is BackendType.CPU
+
+    @property
+    def is_gpu(self) -> bool:
+        """Whether this is ``BackendType.GPU``."""
+        return self is BackendType.GPU
+
+    @property
+    def is_csx(self) -> bool:
+        """Whether this is ``BackendType.CSX``."""
+        return self is BackendType.CSX
 
 
 MSG_SECOND_BACKEND = """\
@@ -189,7 +225,7 @@ class Backend:
         return jax.tree.map(_to_cpu, tensor, is_leaf=is_torch_tensor)
 
     def __repr__(self) -> str:
-        return f"Backend({self.backend_type!r}, device={self.jax_device})"
+        return f"Backend({str(self.backend_type)!r}, device={self.jax_device})"
 
 
 def _to_cpu(x: Any) -> Any:
@@ -257,20 +293,23 @@ def _local_mesh_device(wafer: Any) -> jax.Device:
     return local_device(devices)
 
 
-def _check_type(backend_type: Any) -> str:
+def _check_type(backend_type: Any) -> BackendType:
     if not isinstance(backend_type, str) or backend_type.upper() not in BACKEND_TYPES:
         raise ConfigError(
             f"Invalid Cerebras PyTorch backend type specified: {backend_type!r}. "
             f"Expected one of {list(BACKEND_TYPES)} (case-insensitive)."
         )
-    return backend_type.upper()
+    return BackendType(backend_type.upper())
 
 
-def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backend | None:
+def backend(backend_type: str | BackendType | None = None, *args: Any,
+            **kwargs: Any) -> Backend | None:
     """Creates the process's backend, or returns it when called with no arguments.
 
     Args:
-      backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"`` (case-insensitive).
+      backend_type: ``"CPU"``, ``"GPU"`` or ``"CSX"`` (case-insensitive), or a
+        :class:`BackendType`.
+      *args: at most one, ``artifact_dir``, as cstorch takes it.
       **kwargs: CPU: ``artifact_dir``, ``allow_recompile``, ``cluster_config``
         (accepted as cstorch accepts it, and unused: there is no wafer to lay out).
         GPU: those plus ``enable_distributed``, ``main_process_id``, ``dist_backend``,
@@ -283,8 +322,8 @@ def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backe
     Example:
       >>> import cerebrax as cstorch
       >>> cstorch.reset()
-      >>> cstorch.backend("CPU").backend_type
-      'CPU'
+      >>> cstorch.backend("CPU").backend_type == "CPU"
+      True
     """
     if backend_type is None:
         if args or kwargs:
@@ -293,11 +332,14 @@ def backend(backend_type: str | None = None, *args: Any, **kwargs: Any) -> Backe
                 "cstorch.backend('CSX', cluster_config=...)."
             )
         return RUNTIME.backend
-    if args:
+    if len(args) > 1 or (args and "artifact_dir" in kwargs):
         raise ConfigError(
-            f"backend({backend_type!r}, ...) takes its options as keyword arguments, "
-            f"got {len(args)} positional argument(s)."
+            f"backend({str(backend_type)!r}, ...) takes one positional option, artifact_dir, "
+            f"and the others as keyword arguments; got {len(args)} positional argument(s)"
+            + (" and artifact_dir=" if args and "artifact_dir" in kwargs else "") + "."
         )
+    if args:
+        kwargs["artifact_dir"] = args[0]
     kind = _check_type(backend_type)
     if RUNTIME.backend is not None:
         raise BackendError(MSG_SECOND_BACKEND.format(old=RUNTIME.backend.backend_type,

@@ -3,45 +3,12 @@
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 from ..errors import ConfigError
-from ._backend import _ALLOWED, Backend, current_backend
+from ._backend import _ALLOWED, Backend, BackendType, current_backend
 
 __all__ = ["BackendType", "current_backend_impl", "get_backend_args"]
-
-
-class BackendType(enum.Enum):
-    """The kinds of backend: ``CPU``, ``GPU`` and ``CSX``."""
-
-    CPU = "CPU"
-    GPU = "GPU"
-    CSX = "CSX"
-
-    @classmethod
-    def from_str(cls, name: str) -> BackendType:
-        """The type named ``name`` (case-insensitive)."""
-        try:
-            return cls[str(name).upper()]
-        except KeyError:
-            raise ConfigError(f"Unknown backend type {name!r}. Expected one of "
-                              f"{[t.name for t in cls]} (case-insensitive).") from None
-
-    @property
-    def is_cpu(self) -> bool:
-        """Whether this is ``BackendType.CPU``."""
-        return self is BackendType.CPU
-
-    @property
-    def is_gpu(self) -> bool:
-        """Whether this is ``BackendType.GPU``."""
-        return self is BackendType.GPU
-
-    @property
-    def is_csx(self) -> bool:
-        """Whether this is ``BackendType.CSX``."""
-        return self is BackendType.CSX
 
 
 def current_backend_impl(raise_exception: bool = True) -> Backend | None:

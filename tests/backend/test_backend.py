@@ -246,3 +246,25 @@ def test_backend_impl_is_the_backend_as_cstorch_code_reads_it():
     assert backend._impl is backend
     assert backend._impl.is_e2e_execution is True
     assert backend._impl.device is backend.device
+
+
+@pytest.mark.parametrize("kind", ["CPU", "CSX"])
+def test_backend_takes_the_backend_type_enum_and_artifact_dir_positionally(kind, tmp_path):
+    """Model Zoo passes ``BackendType.CPU`` (``BackendType.from_str``) and
+    ``cstorch.backend(device, artifact_dir)``; ``backend_type`` is the enum member, which is
+    also the string of its name."""
+    from cerebrax.backend import BackendType
+
+    kind = BackendType[kind]
+    backend = cstorch.backend(BackendType.from_str(kind.name.lower()), str(tmp_path))
+    assert backend.backend_type is kind and backend.backend_type == kind.name
+    assert backend.backend_type.name.lower() == kind.name.lower()
+    assert backend.artifact_dir == str(tmp_path)
+    assert getattr(backend, f"is_{kind.name.lower()}")
+
+
+def test_backend_refuses_two_positional_options_naming_the_one_it_takes(tmp_path):
+    with pytest.raises(cstorch.ConfigError, match="one positional option, artifact_dir"):
+        cstorch.backend("CPU", str(tmp_path), True)
+    with pytest.raises(cstorch.ConfigError, match="and artifact_dir="):
+        cstorch.backend("CPU", str(tmp_path), artifact_dir=str(tmp_path))
