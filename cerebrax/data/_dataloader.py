@@ -13,6 +13,7 @@ helpers of ``cstorch.distributed`` tell an ``input_fn`` which worker it runs in 
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -155,6 +156,10 @@ class DataLoader:
         (see :func:`compute_num_steps`). These four names are the loader's own: they
         are never passed on to ``input_fn``; every other argument is.
 
+    Attributes:
+      id: an integer no other DataLoader of the process has (cstorch's; Model Zoo names
+        its validation loops by it). A copy keeps it.
+
     Streaming. A CSX backend with ``ClusterConfig(num_csx=n, num_workers_per_csx=k)``
     streams from ``n * k`` worker threads; each calls ``input_fn`` itself, and the
     helpers of ``cstorch.distributed`` (``num_streamers()``, ``get_streaming_rank()``,
@@ -212,6 +217,8 @@ class DataLoader:
     # device is an accelerator (on a CPU backend the step computes on the host's cores).
     background: bool | None = None
 
+    _ids = itertools.count()  # a loader's ``id``: unique in the process, as cstorch's
+
     def __init__(
         self,
         input_fn: Callable[..., Any],
@@ -232,6 +239,7 @@ class DataLoader:
             _check_count(name, value)
         if num_steps is not None and num_epochs is not None:
             raise ConfigError("Only one of num_steps and num_epochs may be given.")
+        self.id = next(DataLoader._ids)
         self.input_fn = input_fn
         self.input_fn_args = args
         self.input_fn_kwargs = kwargs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,7 +69,7 @@ class DataExecutor:
         the final step. A :class:`Schedule` names the 0-based checkpoint steps as
         ranges (the final step is always one too).
       activation_steps: step closures run on steps ``s`` with ``(s + 1) % a == 0`` and
-        on the final step.
+        on the final step; None (cstorch's default) is 1.
       writer: where ``cstorch.summarize_scalar`` / ``summarize_tensor`` write, on
         activation steps, at step ``writer.base_step + iteration`` (see
         :mod:`cerebrax.summaries`): a ``cstorch.utils.tensorboard.SummaryWriter`` or any
@@ -95,7 +96,7 @@ class DataExecutor:
         dataloader: DataLoader,
         num_steps: int | None = None,
         checkpoint_steps: int | None = None,
-        activation_steps: int = 1,
+        activation_steps: int | None = None,
         writer: Any = None,
         profiler_activities: Any = None,
         *,
@@ -120,7 +121,9 @@ class DataExecutor:
         if not isinstance(checkpoint_steps, Schedule):
             checkpoint_steps = _check_int("checkpoint_steps", checkpoint_steps, 0)
         self.checkpoint_steps: int | Schedule = checkpoint_steps
-        self.activation_steps = _check_int("activation_steps", activation_steps, 1)
+        self.activation_steps = _check_int(
+            "activation_steps", 1 if activation_steps is None else activation_steps, 1)
+        self._artifact_dir: pathlib.Path | None = None
         if writer is not None and not callable(getattr(writer, "add_scalar", None)):
             raise ConfigError(
                 f"DataExecutor(writer=...) needs an object with add_scalar(tag, value, "
@@ -133,6 +136,26 @@ class DataExecutor:
         self.progress: ProgressBar | None = None
         self.profiler = Profiler(profiler_activities)
         self._samples: int = 0  # rows of the batch handed to the running step
+
+    @property
+    def artifact_dir(self) -> pathlib.Path:
+        """This executor's folder, ``<backend artifact_dir>/executors/NNNNNN`` (numbered
+        in order, with a ``latest`` link to the newest), made at the first use, as
+        cstorch makes it; Model Zoo writes each loop's ``metadata.json`` there."""
+        if self._artifact_dir is None:
+            backend = current_backend(raise_exception=False)
+            root = pathlib.Path(backend.artifact_dir if backend is not None
+                                else "cerebras_logs") / "executors"
+            root.mkdir(parents=True, exist_ok=True)
+            taken = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+            folder = root / f"{max(taken, default=-1) + 1:06d}"
+            folder.mkdir()
+            latest = root / "latest"
+            if latest.is_symlink() or latest.exists():
+                latest.unlink()
+            latest.symlink_to(folder.name)
+            self._artifact_dir = folder
+        return self._artifact_dir
 
     # ---- step classification -----------------------------------------------------------
     @property

@@ -184,3 +184,32 @@ def test_executor_rates_are_wall_clock_rates():
         (x * 2).block_until_ready()
     assert executor.profiler.rate_tracker.total_count == n * batch
     assert executor.profiler.perf_metrics["total_samples"] == n * batch
+
+
+# ---- what Model Zoo's Trainer reads ------------------------------------------------------
+def test_loaders_have_distinct_ids_that_a_copy_keeps():
+    import copy
+
+    first, second = DataLoader(lambda: [np.zeros(1)]), DataLoader(lambda: [np.zeros(1)])
+    assert isinstance(first.id, int) and first.id != second.id
+    assert copy.copy(second).id == second.id
+
+
+def test_activation_steps_none_is_every_step():
+    loader = DataLoader(lambda: [np.zeros(1)], num_steps=4)
+    executor = DataExecutor(loader, activation_steps=None, progress_bar=False)
+    assert executor.activation_steps == 1
+    assert [executor.is_activation_step(s) for s in range(4)] == [True] * 4
+
+
+def test_executor_artifact_dirs_are_numbered_under_the_backends_with_latest(tmp_path):
+    cstorch.backend("CPU", artifact_dir=str(tmp_path))
+    loader = DataLoader(lambda: [np.zeros(1)], num_steps=1)
+    first = DataExecutor(loader, progress_bar=False)
+    second = DataExecutor(loader, progress_bar=False)
+    assert not (tmp_path / "executors").exists()  # made at the first use only
+    assert first.artifact_dir == tmp_path / "executors" / "000000"
+    assert second.artifact_dir == tmp_path / "executors" / "000001"
+    assert first.artifact_dir.is_dir() and first.artifact_dir is first.artifact_dir
+    assert (tmp_path / "executors" / "latest").resolve() == second.artifact_dir.resolve()
+    (first.artifact_dir / "metadata.json").write_text("{}")  # as Model Zoo writes it
