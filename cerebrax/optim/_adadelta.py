@@ -8,11 +8,11 @@ names, with ``count`` standing for torch's ``step``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import optax
 
+from ._base import ParamsT
 from ._torch_layout import AdaptiveLayout, check, refuse_differentiable
 from .transforms._adadelta import AdadeltaState, adadelta
 
@@ -45,7 +45,7 @@ class Adadelta(AdaptiveLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1.0,
         rho: float = 0.9,
         eps: float = 1e-6,

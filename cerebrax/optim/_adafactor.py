@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
 from ..errors import ConfigError
+from ._base import ParamsT
 from ._optax_optimizer import OptaxOptimizer, stack_like
 from .transforms._adafactor import RelativeStepState, TorchAdafactorState, adafactor
 
@@ -106,7 +106,7 @@ class Adafactor(OptaxOptimizer):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float,
         beta2_decay: float = -0.8,
         eps: tuple[float | None, float] = (None, 1e-3),

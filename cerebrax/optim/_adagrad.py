@@ -8,11 +8,11 @@ names, with ``count`` standing for torch's ``step``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import optax
 
+from ._base import ParamsT
 from ._torch_layout import AdaptiveLayout, check, refuse_differentiable
 from .transforms._adagrad import AdagradState, adagrad
 
@@ -50,7 +50,7 @@ class Adagrad(AdaptiveLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-2,
         lr_decay: float = 0,
         weight_decay: float = 0,

@@ -9,10 +9,10 @@ cerebrax keeps one step count per param group, written to every parameter's entr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError
+from ._base import ParamsT
 from ._torch_layout import AdamLayout, refuse_differentiable
 from .transforms._adam import TorchAdamState, adam
 
@@ -65,7 +65,7 @@ class Adam(AdamLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
@@ -88,7 +88,7 @@ class Adam(AdamLayout):
     def _init_adam(
         self,
         name: str,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float,
         betas: tuple[float, float],
         eps: float,

@@ -8,10 +8,10 @@ group, written to every parameter's entry.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ._adam import check_adam_arguments
+from ._base import ParamsT
 from ._torch_layout import AdamLayout, refuse_differentiable
 from .transforms._adamax import TorchAdamaxState, adamax
 
@@ -45,7 +45,7 @@ class Adamax(AdamLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,

@@ -7,10 +7,8 @@ weight decay, cstorch's defaults (``eps=1e-6``, ``weight_decay=0.0``; torch's ar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 from ._adam import Adam
+from ._base import ParamsT
 from .transforms._adam import adamw
 
 __all__ = ["AdamW"]
@@ -45,7 +43,7 @@ class AdamW(Adam):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,

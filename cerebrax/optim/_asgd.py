@@ -8,11 +8,11 @@ names, with ``count`` standing for torch's ``step``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import optax
 
+from ._base import ParamsT
 from ._torch_layout import AdaptiveLayout, check, refuse_differentiable
 from .transforms._asgd import ASGDState, asgd
 
@@ -46,7 +46,7 @@ class ASGD(AdaptiveLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-2,
         lambd: float = 1e-4,
         alpha: float = 0.75,

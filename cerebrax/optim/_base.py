@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Union
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +24,14 @@ from .. import _state
 from ..errors import ConfigError, StateError
 from .._trace_context import deferrable, with_jax_gradients
 from ..models import resolve_parameter
+from ..schedules._signature import resolve_on_inspection
 
-__all__ = ["Optimizer", "ParamGroup"]
+__all__ = ["Optimizer", "ParamGroup", "ParamsT"]
+
+ParamsT = Union[Iterable[Any], Iterable[dict[str, Any]]]
+"""What an optimizer takes as its parameters: parameters, or param-group dicts with a
+``"params"`` entry (``torch.optim.optimizer.ParamsT``). Every optimizer's ``params`` is
+annotated with this object, which Model Zoo's config builder maps."""
 
 MSG_PARAMS = """\
 {where} must hold the parameters of a compiled model, got {got}.
@@ -279,8 +285,10 @@ class Optimizer(abc.ABC):
                 with_jax_gradients(cls.__dict__["step"]))
         if "zero_grad" in cls.__dict__:
             cls.zero_grad = deferrable(f"{cls.__name__}.zero_grad()")(cls.__dict__["zero_grad"])
+        resolve_on_inspection(cls)
 
-    def __init__(self, params: Any, defaults: Mapping[str, Any], enable_global_step: bool = False):
+    def __init__(self, params: ParamsT, defaults: Mapping[str, Any],
+                 enable_global_step: bool = False):
         self.defaults = dict(defaults)
         self.generation = _state.current_generation()
         self._traced = False  # set once a traced step has used this optimizer
@@ -514,6 +522,9 @@ class Optimizer(abc.ABC):
             for key in sorted(k for k in group if k != "params"):
                 lines.append(f"    {key}: {group[key]}")
         return "\n".join(lines) + "\n)"
+
+
+resolve_on_inspection(Optimizer)  # its subclasses: __init_subclass__
 
 
 def stack_like(template: list, values: list, what: str) -> list:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
 
 from ..errors import ConfigError
+from ._base import ParamsT
 from ._optax_optimizer import OptaxOptimizer, stack_like
 from .transforms._lamb_lion import LambState, LionState, lamb, lion
 
@@ -102,7 +102,7 @@ class Lamb(_MomentStateMapping, OptaxOptimizer):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
@@ -157,7 +157,7 @@ class Lion(_MomentStateMapping, OptaxOptimizer):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
 import optax
 
 from ..errors import ConfigError
+from ._base import ParamsT
 from ._optax_optimizer import OptaxOptimizer, stack_like
 from .transforms._muon import MuonState, check_ns_steps, muon
 
@@ -52,7 +52,7 @@ class Muon(OptaxOptimizer):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 0.02,
         weight_decay: float = 0.01,
         momentum: float = 0.95,

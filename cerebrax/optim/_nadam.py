@@ -8,11 +8,11 @@ Its state dict uses torch's per-parameter keys; cerebrax keeps one step count an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ConfigError
 from ._adam import check_adam_arguments
+from ._base import ParamsT
 from ._torch_layout import AdamLayout, refuse_differentiable
 from .transforms._nadam import TorchNAdamState, nadam
 
@@ -47,7 +47,7 @@ class NAdam(AdamLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 2e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,

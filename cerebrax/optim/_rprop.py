@@ -8,11 +8,11 @@ names, with ``count`` standing for torch's ``step``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import optax
 
+from ._base import ParamsT
 from ._torch_layout import AdaptiveLayout, check, refuse_differentiable
 from .transforms._rprop import RpropState, rprop
 
@@ -46,7 +46,7 @@ class Rprop(AdaptiveLayout):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float = 1e-3,
         etas: tuple[float, float] = (0.5, 1.2),
         step_sizes: tuple[float, float] = (1e-6, 50.0),

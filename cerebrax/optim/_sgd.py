@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import jax.numpy as jnp
 
 from ..errors import ConfigError
 from . import transforms
+from ._base import ParamsT
 from ._optax_optimizer import OptaxOptimizer, stack_like
 
 __all__ = ["SGD"]
@@ -43,7 +43,7 @@ class SGD(OptaxOptimizer):
 
     def __init__(
         self,
-        params: Iterable[Any],
+        params: ParamsT,
         lr: float,
         momentum: float = 0,
         dampening: float = 0,

@@ -31,7 +31,7 @@ import gc
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,9 @@ import numpy as np
 from .. import schedules
 from ..errors import ConfigError
 from ..schedules import LRScheduler, Schedule
+
+if TYPE_CHECKING:
+    from ._base import Optimizer as ScheduledOptimizer
 
 __all__ = ["CHECKED_STEPS", "MSG_REFUSED", "SchedulerPlan", "TorchScheduleLR",
            "bound_schedulers", "closed_form", "epoch_of", "members", "plan", "refusal",
@@ -358,7 +361,8 @@ class TorchScheduleLR(LRScheduler):
       last_epoch: the step the torch scheduler is at; the groups get that step's rates.
     """
 
-    def __init__(self, optimizer: Any, forms: list[Schedule], last_epoch: int):
+    def __init__(self, optimizer: ScheduledOptimizer, forms: list[Schedule],
+                 last_epoch: int):
         self._forms = list(forms)
         self._on_host = jax.jit(self._rates)  # outside a step: one program for all groups
         super().__init__(optimizer, last_epoch=last_epoch - 1)  # its first step: last_epoch

@@ -21,8 +21,8 @@ tag ``None``), as cstorch does.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -33,13 +33,34 @@ from jax.typing import ArrayLike
 from .. import _state
 from ..errors import ConfigError
 from .._trace_context import deferrable
+from ._signature import resolve_on_inspection
+
+if TYPE_CHECKING:
+    from ..optim import Optimizer as ScheduledOptimizer
 
 __all__ = ["LRScheduler", "ParamGroupTags", "Schedule"]
 
-# ``param_group_tags``: a tag, or a list of tags; ``None`` in a list means untagged groups.
-ParamGroupTags = str | Iterable[str | None] | None
+# ``param_group_tags``: a tag, or a list (or set) of tags; ``None`` in one means the
+# untagged groups.
+ParamGroupTags = str | list[str | None] | set[str | None] | None
 
 
+def _annotation_names() -> dict[str, Any]:
+    """What ``ScheduledOptimizer``, the annotation of a scheduler's ``optimizer``, is in
+    ``inspect.signature``: cstorch's annotation, ``torch.optim.Optimizer``, where torch is
+    installed (Model Zoo's config builder keys on that class), else ``Any``.
+
+    Called when a scheduler's signature is first inspected, so importing cerebrax never
+    imports torch. A type checker sees the cerebrax optimizer a scheduler takes.
+    """
+    try:
+        import torch.optim
+    except ImportError:
+        return {"ScheduledOptimizer": Any}
+    return {"ScheduledOptimizer": torch.optim.Optimizer}
+
+
+@runtime_checkable  # isinstance(f, Schedule): f is callable (pydantic checks so)
 class Schedule(Protocol):
     """A closed-form schedule: ``schedule(step)`` is the value (e.g. the learning rate)
     at an integer ``step`` (a Python int, or an int32 array, traced or not), a float32
@@ -130,9 +151,10 @@ class LRScheduler(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "step" in cls.__dict__:
             cls.step = deferrable(f"{cls.__name__}.step()")(cls.__dict__["step"])
+        resolve_on_inspection(cls, _annotation_names)
 
-    def __init__(self, optimizer: Any, total_iters: int | None = None, last_epoch: int = -1,
-                 param_group_tags: ParamGroupTags = None):
+    def __init__(self, optimizer: ScheduledOptimizer, total_iters: int | None = None,
+                 last_epoch: int = -1, param_group_tags: ParamGroupTags = None):
         name = type(self).__name__
         if not any(optimizer is opt for opt in _state.live_optimizers()):
             raise ConfigError(
@@ -253,3 +275,6 @@ class LRScheduler(abc.ABC):
         self._check_not_adopted("load_state_dict()")
         self._counter.value = np.int32(state_dict["last_epoch"])
         self._write_lr()
+
+
+resolve_on_inspection(LRScheduler, _annotation_names)  # its subclasses: __init_subclass__

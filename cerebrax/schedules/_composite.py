@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +25,9 @@ from . import _checks as checks
 from . import _float32 as fp
 from ._base import LRScheduler, ParamGroupTags, Schedule, normalize_tags
 from ._schedulers import _ClosedFormScheduler
+
+if TYPE_CHECKING:
+    from ._base import ScheduledOptimizer
 
 __all__ = ["ChainedLR", "ChainedScheduler", "ScalePerParamLR", "SequentialLR", "chained",
            "sequential"]
@@ -174,7 +177,7 @@ class SequentialLR(_ClosedFormScheduler):
       [0.0, 0.05, 0.1, 0.08536, 0.05, 0.01464, 0.0]
     """
 
-    def __init__(self, optimizer: Any, schedulers: Sequence[LRScheduler],
+    def __init__(self, optimizer: ScheduledOptimizer, schedulers: list[LRScheduler],
                  milestones: Sequence[int], last_epoch: int = -1,
                  param_group_tags: ParamGroupTags = None):
         members = _members(type(self), schedulers, param_group_tags, optimizer)
@@ -224,7 +227,7 @@ class ChainedScheduler(_ClosedFormScheduler):
       [0.1, 0.05, 0.0025, 0.00125]
     """
 
-    def __init__(self, schedulers: Sequence[LRScheduler],
+    def __init__(self, schedulers: list[LRScheduler],
                  param_group_tags: ParamGroupTags = None):
         members = _members(type(self), schedulers, param_group_tags)
         divisors = []
@@ -276,7 +279,7 @@ class ScalePerParamLR(_ClosedFormScheduler):
       [0.00025, 0.001]
     """
 
-    def __init__(self, optimizer: Any, scheduler: LRScheduler,
+    def __init__(self, optimizer: ScheduledOptimizer, scheduler: LRScheduler,
                  param_group_tags: ParamGroupTags = None):
         tags = normalize_tags(param_group_tags, type(self).__name__)
         _check_member(type(self), "scheduler", scheduler, optimizer, tags)

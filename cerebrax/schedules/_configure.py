@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import ConfigError
 from ._base import LRScheduler
 from ._composite import ChainedScheduler, ScalePerParamLR, SequentialLR
+from ._signature import as_written
 
 __all__ = ["configure_lr_scheduler"]
 
@@ -198,7 +199,7 @@ def _resolve(name: Any, where: str) -> type[LRScheduler]:
 
 
 def _parameters(cls: type) -> dict[str, inspect.Parameter]:
-    params = inspect.signature(cls.__init__).parameters
+    params = as_written(cls.__init__).parameters  # evaluates no annotation: imports no torch
     return {n: p for n, p in params.items() if n not in ("self", "optimizer")
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 

@@ -7,7 +7,7 @@ with the matching factory of :mod:`cerebrax.schedules`; none holds any math.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import jax
 from jax.typing import ArrayLike
@@ -15,12 +15,20 @@ from jax.typing import ArrayLike
 from . import _cosine, _cyclic, _exponential, _polynomial, _step
 from ._base import LRScheduler, ParamGroupTags, Schedule
 
+if TYPE_CHECKING:
+    from ._base import ScheduledOptimizer
+
 __all__ = [
     "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CosineDecayLR",
     "CyclicLR", "ExponentialLR", "InverseExponentialTimeDecayLR", "InverseSquareRootDecayLR",
     "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR",
     "PiecewiseConstantLR", "PolynomialLR", "StepLR",
 ]
+
+# The choices of CyclicLR's ``mode`` and ``scale_mode`` and OneCycleLR's ``anneal_strategy``.
+CyclicMode = Literal["triangular", "triangular2", "exp_range"]
+CyclicScaleMode = Literal["cycle", "iterations"]
+AnnealStrategy = Literal["cos", "linear"]
 
 
 class _ClosedFormScheduler(LRScheduler):
@@ -40,7 +48,8 @@ class ConstantLR(_ClosedFormScheduler):
     built by ``configure_lr_scheduler``.
     """
 
-    def __init__(self, optimizer: Any, learning_rate: float, total_iters: int | None = None,
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 learning_rate: float, total_iters: int | None = None,
                  param_group_tags: ParamGroupTags = None):
         self.learning_rate = learning_rate
         self._schedule = _polynomial.constant(learning_rate)
@@ -58,7 +67,7 @@ class PolynomialLR(_ClosedFormScheduler):
     compatibility and, as there, has no effect.
     """
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float,
                  end_learning_rate: float, total_iters: int, power: float = 1.0,
                  cycle: bool = False,
                  param_group_tags: ParamGroupTags = None):
@@ -89,7 +98,7 @@ class LinearLR(PolynomialLR):
       [0.1, 0.075, 0.05, 0.025, 0.0, 0.0]
     """
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float,
                  end_learning_rate: float, total_iters: int, cycle: bool = False,
                  param_group_tags: ParamGroupTags = None):
         super().__init__(optimizer, initial_learning_rate, end_learning_rate, total_iters,
@@ -103,7 +112,8 @@ class ExponentialLR(_ClosedFormScheduler):
     ``total_iters=step_size, staircase=True``.
     """
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, total_iters: int,
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 initial_learning_rate: float, total_iters: int,
                  decay_rate: float, staircase: bool = False,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -118,7 +128,8 @@ class InverseExponentialTimeDecayLR(_ClosedFormScheduler):
     """``init / (1 + decay_rate * t ** step_exponent / total_iters)``, the quotient
     floored with ``staircase`` (Keras' ``InverseTimeDecay`` with a step exponent)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, step_exponent: int,
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 initial_learning_rate: float, step_exponent: int,
                  total_iters: int, decay_rate: float, staircase: bool = False,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -133,7 +144,8 @@ class InverseExponentialTimeDecayLR(_ClosedFormScheduler):
 class InverseSquareRootDecayLR(_ClosedFormScheduler):
     """``init * scale / sqrt(max(t, warmup_steps))``."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float = 1.0, scale: float = 1.0,
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 initial_learning_rate: float = 1.0, scale: float = 1.0,
                  warmup_steps: int = 1,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -147,7 +159,7 @@ class InverseSquareRootDecayLR(_ClosedFormScheduler):
 class CosineDecayLR(_ClosedFormScheduler):
     """``end + (init - end) * (1 + cos(pi * min(t, T) / T)) / 2`` (Keras' ``CosineDecay``)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float,
                  end_learning_rate: float, total_iters: int,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -161,7 +173,8 @@ class CosineAnnealingLR(_ClosedFormScheduler):
     """``eta_min + (init - eta_min) * (1 + cos(pi * t / T_max)) / 2``, periodic past
     ``T_max`` like torch's ``CosineAnnealingLR`` (whose ``base_lr`` is ``init``)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, T_max: int,  # noqa: N803
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 initial_learning_rate: float, T_max: int,  # noqa: N803
                  eta_min: float = 0.0,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -183,7 +196,8 @@ class CosineAnnealingWarmRestarts(_ClosedFormScheduler):
     does not reproduce that.
     """
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, T_0: int,  # noqa: N803
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 initial_learning_rate: float, T_0: int,  # noqa: N803
                  T_mult: int = 1, eta_min: float = 0.0,  # noqa: N803
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -198,7 +212,7 @@ class CosineAnnealingWarmRestarts(_ClosedFormScheduler):
 class StepLR(_ClosedFormScheduler):
     """``init * gamma ** floor(t / step_size)`` (torch's ``StepLR``)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, step_size: int,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float, step_size: int,
                  gamma: float,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -211,7 +225,7 @@ class StepLR(_ClosedFormScheduler):
 class MultiStepLR(_ClosedFormScheduler):
     """``init * gamma ** (number of milestones <= t)`` (torch's ``MultiStepLR``)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, gamma: float,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float, gamma: float,
                  milestones: Sequence[int],
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
@@ -224,7 +238,8 @@ class MultiStepLR(_ClosedFormScheduler):
 class MultiplicativeLR(_ClosedFormScheduler):
     """``init * coefficient ** t`` (torch's ``MultiplicativeLR`` with a constant factor)."""
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, coefficient: float,
+    def __init__(self, optimizer: ScheduledOptimizer,
+                 initial_learning_rate: float, coefficient: float,
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.coefficient = coefficient
@@ -248,7 +263,7 @@ class PiecewiseConstantLR(_ClosedFormScheduler):
       [0.1, 0.1, 0.01, 0.01, 0.001, 0.001]
     """
 
-    def __init__(self, optimizer: Any, learning_rates: Sequence[float],
+    def __init__(self, optimizer: ScheduledOptimizer, learning_rates: Sequence[float],
                  milestones: Sequence[int],
                  param_group_tags: ParamGroupTags = None):
         self.learning_rates = learning_rates
@@ -283,7 +298,7 @@ class LambdaLR(_ClosedFormScheduler):
       [0.025, 0.05, 0.075, 0.1, 0.1, 0.1]
     """
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float,
                  param_group_tags: ParamGroupTags = None, *,
                  lr_lambda: Callable | Sequence[Callable] | None = None):
         self.initial_learning_rate = initial_learning_rate
@@ -302,9 +317,10 @@ class CyclicLR(_ClosedFormScheduler):
     ``base_lr + (max_lr - base_lr) * rise(t) * scale``. Momentum is not cycled; the mode
     decides whether the scale follows the cycle or the step, as in cstorch."""
 
-    def __init__(self, optimizer: Any, base_lr: float, max_lr: float,
+    def __init__(self, optimizer: ScheduledOptimizer, base_lr: float, max_lr: float,
                  step_size_up: int = 2000, step_size_down: int | None = None,
-                 mode: str = "triangular", gamma: float = 1.0, scale_mode: str = "cycle",
+                 mode: CyclicMode = "triangular", gamma: float = 1.0,
+                 scale_mode: CyclicScaleMode = "cycle",
                  param_group_tags: ParamGroupTags = None):
         self.base_lr = base_lr
         self.max_lr = max_lr
@@ -329,10 +345,10 @@ class OneCycleLR(_ClosedFormScheduler):
     ``total_steps``.
     """
 
-    def __init__(self, optimizer: Any, initial_learning_rate: float, max_lr: float,
+    def __init__(self, optimizer: ScheduledOptimizer, initial_learning_rate: float, max_lr: float,
                  total_steps: int = 1000, pct_start: float = 0.3,
                  final_div_factor: float = 1e4, three_phase: bool = False,
-                 anneal_strategy: str = "cos",
+                 anneal_strategy: AnnealStrategy = "cos",
                  param_group_tags: ParamGroupTags = None):
         self.initial_learning_rate = initial_learning_rate
         self.max_lr = max_lr
