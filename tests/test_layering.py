@@ -21,7 +21,7 @@ PACKAGES = ("cerebrax", "torch_bridge")
 # Bottom first. A folder imports only folders of its own layer or lower ones.
 LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.errors", "cerebrax._version"),
-    ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement"),
+    ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement", "cerebrax._torch_compat"),
     ("cerebrax._debug_names",),
     ("torch_bridge.ops",),
     ("torch_bridge",),

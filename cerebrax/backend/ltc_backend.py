@@ -12,9 +12,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..experimental.listener import InertHandle
+__all__ = ["InertHandle", "register_after_tensor_to_cpu"]
 
-__all__ = ["register_after_tensor_to_cpu"]
+
+class InertHandle:
+    """The handle of a hook cerebrax accepts and never calls: ``remove()`` does nothing."""
+
+    def __init__(self, hook: Callable[..., Any]):
+        self.hook = hook
+
+    def remove(self) -> None:
+        """Unregisters the hook (it was never called)."""
+
+    def __enter__(self) -> InertHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
 
 
 def register_after_tensor_to_cpu(hook: Callable[[Any, str], Any]) -> InertHandle:

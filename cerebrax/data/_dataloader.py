@@ -345,28 +345,33 @@ class DataLoader:
 
         Returns a dict of ints, lists and the restartable iterables' own states (H5
         checkpoint friendly): ``num_csx``, ``num_workers_per_csx``, ``steps`` (global
-        batches consumed) and ``workers`` (per worker rank: ``epoch``, ``position`` in
-        that epoch, ``batches``, ``samples``, ``user_state``).
+        batches consumed), ``workers`` (per worker rank: ``epoch``, ``position`` in
+        that epoch, ``batches``, ``samples``, ``user_state``) and, as cstorch's,
+        ``samples_streamed`` (the samples consumed, over all workers).
         """
         if self._stream is not None:
             stream = self._stream
-            return {
+            state = {
                 "version": STATE_VERSION,
                 "num_csx": stream.num_csx,
                 "num_workers_per_csx": stream.per_csx,
                 "steps": stream.steps,
                 "workers": [copy.deepcopy(pos.as_dict()) for pos in stream.positions],
             }
-        if self._resume is not None:
-            return copy.deepcopy(self._resume)
-        infos = _streamers.worker_infos()
-        return {
-            "version": STATE_VERSION,
-            "num_csx": infos[0].num_csx,
-            "num_workers_per_csx": infos[0].workers_per_csx,
-            "steps": 0,
-            "workers": [_workers.WorkerPosition().as_dict() for _ in infos],
-        }
+        elif self._resume is not None:
+            state = copy.deepcopy(self._resume)
+        else:
+            infos = _streamers.worker_infos()
+            state = {
+                "version": STATE_VERSION,
+                "num_csx": infos[0].num_csx,
+                "num_workers_per_csx": infos[0].workers_per_csx,
+                "steps": 0,
+                "workers": [_workers.WorkerPosition().as_dict() for _ in infos],
+            }
+        # cstorch's count of the samples the steps consumed, over all workers
+        state["samples_streamed"] = sum(int(w["samples"]) for w in state["workers"])
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Makes the next pass (the next executor loop) start where ``state_dict`` was saved.

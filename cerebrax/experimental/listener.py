@@ -12,23 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["InertHandle", "register_traced_tensor_hook"]
+from ..backend.ltc_backend import InertHandle
 
-
-class InertHandle:
-    """The handle of a hook cerebrax accepts and never calls: ``remove()`` does nothing."""
-
-    def __init__(self, hook: Callable[..., Any]):
-        self.hook = hook
-
-    def remove(self) -> None:
-        """Unregisters the hook (it was never called)."""
-
-    def __enter__(self) -> InertHandle:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
+__all__ = ["register_traced_tensor_hook"]
 
 
 def register_traced_tensor_hook(hook: Callable[[Any, str], Any]) -> InertHandle:

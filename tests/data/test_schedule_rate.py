@@ -213,3 +213,17 @@ def test_executor_artifact_dirs_are_numbered_under_the_backends_with_latest(tmp_
     assert first.artifact_dir.is_dir() and first.artifact_dir is first.artifact_dir
     assert (tmp_path / "executors" / "latest").resolve() == second.artifact_dir.resolve()
     (first.artifact_dir / "metadata.json").write_text("{}")  # as Model Zoo writes it
+
+
+def test_state_dict_counts_the_samples_streamed_as_cstorch_does():
+    """Model Zoo's restartable-dataloader callback reads ``samples_streamed``."""
+    batches = [np.full((3, 2), i, np.float32) for i in range(10)]
+    loader = DataLoader(lambda: batches, num_steps=4)
+    assert loader.state_dict()["samples_streamed"] == 0
+    for _ in DataExecutor(loader, progress_bar=False):
+        pass
+    state = loader.state_dict()
+    assert state["samples_streamed"] == 4 * 3 == sum(w["samples"] for w in state["workers"])
+    resumed = DataLoader(lambda: batches, num_steps=4)
+    resumed.load_state_dict(state)  # the extra key is read back without complaint
+    assert resumed.state_dict()["samples_streamed"] == 12
