@@ -10,6 +10,7 @@ from ._executor import current_executor as current_executor
 from ._profiler import Profiler as Profiler
 from ._profiler import RateTracker as RateTracker
 from ._sampler import DistributedSampler as DistributedSampler
+from ._sampler import pad_index as pad_index
 from ._schedule import Schedule as Schedule
 from ._torch_workers import safe_iter as safe_iter
 from ._torch_workers import use_safe_start_method as use_safe_start_method

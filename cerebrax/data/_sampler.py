@@ -24,7 +24,11 @@ from .._filters import check_int
 from ..errors import ConfigError
 from ._streamers import get_streaming_rank, is_streamer, num_streamers
 
-__all__ = ["DistributedSampler"]
+__all__ = ["DistributedSampler", "pad_index"]
+
+#: The index a sampler yields for a padding sample (``pad_last``): never a valid index of
+#: a dataset's ``range(len(dataset))``.
+pad_index: int = -1
 
 
 class DistributedSampler:
@@ -44,6 +48,13 @@ class DistributedSampler:
       batch_size: yield lists of this many indices (a batch sampler) instead of indices.
       shard: split the data over the streaming workers; False gives every worker all of
         it.
+      num_samples: the size of each epoch (over all replicas) when it is not the
+        dataset's: the dataset's order is cut to it, or extended with copies of itself
+        (cstorch's meaning). Only without ``shuffle``: cstorch's shuffled order over
+        several copies is not reproduced, so that combination is refused.
+      pad_last: with ``batch_size`` and without ``drop_last``, fill the last partial
+        batch with ``pad_index`` (``cstorch.utils.data.sampler.pad_index``), for which a
+        cstorch dataset builds a padding sample, so every batch is full.
 
     Example:
       >>> from cerebrax.utils.data import DistributedSampler
@@ -63,6 +74,8 @@ class DistributedSampler:
         *,
         batch_size: int | None = None,
         shard: bool = True,
+        num_samples: int | None = None,
+        pad_last: bool = False,
     ):
         try:
             size = len(data_source)
@@ -95,7 +108,22 @@ class DistributedSampler:
                                     ge=1, optional=True)
         self.data_source = data_source
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.epoch_size = check_int("DistributedSampler(num_samples=...)", num_samples,
+                                    ge=1, optional=True)
+        if self.epoch_size is not None and self.shuffle:
+            raise ConfigError(
+                f"DistributedSampler(num_samples={num_samples}, shuffle=True) shuffles "
+                "copies of the dataset together in an order cerebrax does not reproduce. "
+                "Pass shuffle=False, or leave num_samples unset (one epoch is the dataset).")
+        self.pad_last = bool(pad_last)
+        if self.pad_last and (self.batch_size is None or self.drop_last):
+            raise ConfigError(
+                "DistributedSampler(pad_last=True) pads the last partial batch, so it needs "
+                f"batch_size and drop_last=False (got batch_size={batch_size!r}, "
+                f"drop_last={drop_last!r}).")
         self.epoch = 0
+        if self.epoch_size is not None:
+            size = self.epoch_size
         if drop_last and size % self.num_replicas:
             self.num_samples = math.ceil((size - self.num_replicas) / self.num_replicas)
         else:
@@ -109,7 +137,9 @@ class DistributedSampler:
     def _order(self) -> np.ndarray:
         size = len(self.data_source)
         if not self.shuffle:
-            return np.arange(size)
+            order = np.arange(size)
+            # cut, or extended with copies of the dataset
+            return order if self.epoch_size is None else np.resize(order, self.epoch_size)
         try:
             import torch
         except ImportError:
@@ -134,7 +164,10 @@ class DistributedSampler:
         b = self.batch_size
         stop = len(indices) - len(indices) % b if self.drop_last else len(indices)
         for start in range(0, stop, b):
-            yield indices[start:start + b]
+            batch = indices[start:start + b]
+            if self.pad_last and len(batch) < b:
+                batch = batch + [pad_index] * (b - len(batch))
+            yield batch
 
     def __len__(self) -> int:
         if self.batch_size is None:

@@ -178,3 +178,38 @@ def test_batch_size_is_that_of_the_last_batch_streamed():
     assert loader.batch_size is None
     assert [b.shape for b in loader] == [(3, 2), (3, 5)]
     assert loader.batch_size == 3
+
+
+# ---- num_samples and pad_last, as Model Zoo's H5 map dataset passes them ----------------
+@pytest.mark.parametrize("epoch_size", [7, 10, 25])
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_num_samples_cuts_or_extends_the_epoch_with_copies_of_the_dataset(epoch_size, replicas):
+    """The epoch is the dataset's order cut to ``num_samples`` or extended with copies of
+    it, then sharded as without it (torch's padding to the replicas applies on top)."""
+    epoch = [i % 10 for i in range(epoch_size)]  # the closed form for size 10
+    for rank in range(replicas):
+        sampler = DistributedSampler(range(10), replicas, rank, shuffle=False,
+                                     num_samples=epoch_size)
+        padded = (epoch * 2)[:-(-epoch_size // replicas) * replicas]
+        assert list(sampler) == padded[rank::replicas] and len(sampler) == len(list(sampler))
+
+
+def test_pad_last_fills_the_last_batch_with_pad_index():
+    from cerebrax.utils.data.sampler import pad_index
+
+    sampler = DistributedSampler(range(10), 1, 0, shuffle=False, batch_size=4, pad_last=True)
+    assert list(sampler) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, pad_index, pad_index]]
+    assert len(sampler) == 3 and pad_index not in range(10)
+    plain = DistributedSampler(range(10), 1, 0, shuffle=False, batch_size=4)
+    assert list(plain)[-1] == [8, 9]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_samples=12, shuffle=True), "shuffles copies of the dataset"),
+    (dict(pad_last=True), "needs batch_size"),
+    (dict(pad_last=True, batch_size=4, drop_last=True), "drop_last=False"),
+    (dict(num_samples=0, shuffle=False), "num_samples"),
+])
+def test_num_samples_and_pad_last_errors(kwargs, match):
+    with pytest.raises(cstorch.ConfigError, match=match):
+        DistributedSampler(range(10), 1, 0, **kwargs)
