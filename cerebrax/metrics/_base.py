@@ -47,6 +47,12 @@ Right:
         eval_step(x, y)
     print(float(accuracy))                    # after the steps that updated it"""
 
+MSG_DTYPE = """\
+{owner}.update(dtype={dtype!r}) is not a dtype a metric's value can be cast to.
+Pass a numeric or boolean dtype: a torch dtype (torch.float32, torch.bfloat16, as cstorch
+code passes it), a numpy / JAX dtype (jnp.float16) or its name ("bfloat16"), or None to
+keep float32."""
+
 
 def get_all_metrics() -> dict[str, Metric]:
     """Every live metric by its (unique) name."""
@@ -124,7 +130,9 @@ class Metric(abc.ABC):
 
     @deferrable("Metric.update()")
     def update(self, *args: Any, dtype: Any = None, **kwargs: Any) -> None:
-        """Accumulates one batch; ``dtype`` casts the value ``compute`` returns."""
+        """Accumulates one batch; ``dtype`` casts the value ``compute`` returns (see
+        :func:`value_dtype`)."""
+        dtype = value_dtype(type(self).__name__, dtype)
         self._state.value = self._update(dict(self._state.value), *args, **kwargs)
         count = self._count.value
         self._count.value = jnp.where(count < _INT32_MAX, count + 1, count)
@@ -174,6 +182,34 @@ def _recorded_in_export(fn: Any, args: tuple, kwargs: dict) -> bool:
     compiled model runs (as Model Zoo's models update their metrics in ``forward``)."""
     bridge = sys.modules.get("torch_bridge")  # no torch module exports without it
     return bridge is not None and bridge.record_side_call(fn, args, kwargs)
+
+
+def value_dtype(owner: str, dtype: Any) -> np.dtype | None:
+    """The JAX dtype a metric's value is cast to, for the ``dtype`` given to ``update``.
+
+    cstorch's metrics cast their float32 value with ``result.to(dtype)``, and cstorch
+    code passes torch dtypes (Model Zoo: ``dtype=logits.dtype``); a torch dtype stands
+    for the JAX dtype of its name, as do numpy / JAX dtypes and dtype names. 64-bit types
+    follow JAX's x64 flag (float64 is float32 unless ``jax_enable_x64`` is on), as
+    torch_bridge maps them: the value of a float32 computation is the same number.
+
+    Raises:
+      ConfigError: ``dtype`` is not a numeric or boolean dtype.
+    """
+    if dtype is None:
+        return None
+    # a torch dtype, checked without importing torch (the backend's helpers test it so too)
+    is_torch = type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"
+    name = str(dtype).removeprefix("torch.") if is_torch else dtype
+    try:
+        resolved = jnp.dtype(name)
+    except TypeError:
+        resolved = None
+    if resolved is None or not (
+        jax.dtypes.issubdtype(resolved, np.number) or resolved == np.bool_
+    ):
+        raise ConfigError(MSG_DTYPE.format(owner=owner, dtype=dtype))
+    return jax.dtypes.canonicalize_dtype(resolved)
 
 
 def as_float(x: Any) -> jax.Array:
