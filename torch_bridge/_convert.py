@@ -120,7 +120,16 @@ def _cpu_stand_ins(module: torch.nn.Module):
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     made: dict[int, torch.Tensor] = {}  # tied tensors get one stand-in
     stand_ins = {}
+    slots: set[tuple[int, str]] = set()
     for name, t in named:
+        # A submodule registered under two names (Model Zoo's gpt2 holds its final norm
+        # as ln_f and as transformer_decoder.norm) has one slot per tensor: swapping it
+        # twice would restore the stand-in, not the tensor, after the export.
+        owner, _, attr = name.rpartition(".")
+        slot = (id(module.get_submodule(owner)), attr)
+        if slot in slots:
+            continue
+        slots.add(slot)
         if id(t) not in made:
             meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
             fake = mode.fake_tensor_converter.from_meta_and_device(

@@ -179,3 +179,59 @@ def test_an_in_place_write_into_a_tensor_made_before_the_step_is_still_refused()
 
     with pytest.raises(UnsupportedOpError, match="not part of the compiled step"):
         step(x)
+
+
+class _SharedNorm(torch.nn.Module):
+    """Model Zoo's gpt2 holds its final norm twice: as ``ln_f`` and inside the decoder."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln_f = torch.nn.LayerNorm(8)
+        self.decoder = torch.nn.Sequential(torch.nn.Linear(4, 8), self.ln_f)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.decoder(x))
+
+
+def test_a_submodule_registered_twice_keeps_its_parameters_and_trains_as_eager():
+    """Built under ``with backend.device`` (its storage handed over), the module's export
+    swapped the twice-registered norm's tensors for fake ones and left them there: torch
+    code in the step (Model Zoo's norm callback) then met fake tensors."""
+    backend = cstorch.backend("CPU")
+    torch.manual_seed(0)
+    with backend.device:
+        module = _SharedNorm()
+    torch.manual_seed(0)
+    reference = _SharedNorm()
+    model = cstorch.compile(module, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = _batch()
+    norms = []
+
+    @cstorch.step_closure
+    def keep(norm):
+        norms.append(float(norm))
+
+    @cstorch.trace
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        total = torch.tensor(0.0).to(module.device)
+        for p in module.parameters():
+            total += p.square().sum()
+        keep(total)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    want = []
+    for _ in range(STEPS):
+        step(x, y)
+        want.append(sum(p.square().sum() for p in reference.parameters()).item())
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    assert {type(p) for p in module.parameters()} == {torch.nn.Parameter}
+    assert norms == pytest.approx(want, rel=1e-5)
