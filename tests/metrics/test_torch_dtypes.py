@@ -130,7 +130,8 @@ def test_metrics_in_a_compiled_forward_with_the_logits_dtype():
     assert float(model.perplexity) == pytest.approx(np.exp(total_loss / count), rel=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["not_a_dtype", torch.device("cpu"), object()], ids=str)
+@pytest.mark.parametrize("dtype", ["not_a_dtype", torch.device("cpu"), object()],
+                         ids=["name", "device", "object"])
 def test_an_unknown_dtype_is_refused_at_the_update(dtype):
     accuracy = cstorch.metrics.AccuracyMetric("accuracy")
     message = r"(?s)AccuracyMetric.update\(dtype=.*is not a dtype.*torch.float32"
