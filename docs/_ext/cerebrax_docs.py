@@ -191,8 +191,11 @@ def check_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any,
     """Warns (an error under ``-W``) about a public object with no docstring."""
     if what not in CHECKED or name.rsplit(".", 1)[-1].startswith("_"):
         return
-    if what == "data" and inspect.getdoc(type(obj)) == "\n".join(lines).strip():
-        lines[:] = _constant_doc(name, obj)  # not the docstring of the constant's type
+    if what == "data" and (inspect.getdoc(type(obj)) == "\n".join(lines).strip()
+                           or not any(line.strip() for line in lines)):
+        # not the docstring of the constant's type, nor nothing (a typing alias, whose
+        # documentation autodoc takes from its type and then drops)
+        lines[:] = _constant_doc(name, obj)
     if what in ("method", "property") and not any(line.strip() for line in lines):
         lines[:] = _base_doc(name)  # an override of a documented cerebrax method
     if not any(line.strip() for line in lines):
