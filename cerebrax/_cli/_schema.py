@@ -308,14 +308,16 @@ ValidateOnly = refused("run `cerebrax validate CONFIG.yaml` instead",
 
 
 # ---- sections shared by both layouts ---------------------------------------------------
+# Keys such as ``model_dir`` are the config's own names: pydantic before 2.10 warns about
+# fields that start with ``model_`` unless its protected namespaces are cleared.
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
 
 class Arguments(BaseModel):
     """A section whose other keys are arguments of a user function."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
 
     @property
     def kwargs(self) -> dict[str, Any]:

@@ -274,6 +274,15 @@ def field_type(annotation: Any, name: str, mapping: dict) -> Any:
     return annotation
 
 
+def mapped_default(kind: Any) -> Any:
+    """The default an ``Annotated[..., Field(default=...)]`` mapped type carries, else
+    ``...`` (required)."""
+    for meta in getattr(kind, "__metadata__", ()):
+        if isinstance(meta, pydantic.fields.FieldInfo) and not meta.is_required():
+            return meta.default
+    return ...
+
+
 def config_class(cls: type, mapping: dict) -> type[Config]:
     fields, base = {}, Config
     for name, parameter in parameters(cls).items():
@@ -281,10 +290,12 @@ def config_class(cls: type, mapping: dict) -> type[Config]:
             base = OpenConfig
         elif parameter.kind is not parameter.VAR_POSITIONAL:
             # Without a default of its own a field is required, unless its mapped type
-            # has one (Field(default=...)): given as the type alone, it keeps that one.
+            # has one (Field(default=...)), which it keeps: given as the default too, so
+            # that pydantic 2.8 (Model Zoo's pin) and 2.10+ read it alike.
             kind = field_type(parameter.annotation, name, mapping)
-            fields[name] = kind if parameter.default is parameter.empty else (
-                kind, parameter.default)
+            default = (mapped_default(kind) if parameter.default is parameter.empty
+                       else parameter.default)
+            fields[name] = (kind, default)
     model = pydantic.create_model(cls.__name__, __base__=base, __module__=__name__, **fields)
     model.target = cls
     return model
