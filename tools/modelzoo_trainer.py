@@ -190,26 +190,31 @@ def __getattr__(name):
 
 
 # The kill of the resume check: where the environment names a checkpoint file, the
-# process kills itself (SIGKILL, no cleanup) as soon as cstorch.save has written it, so the
-# run stops right after that checkpoint, whatever the machine's speed.
-KILL_HOOK = """\"\"\"Written by tools/modelzoo_trainer.py: SIGKILL after saving a named checkpoint.\"\"\"
+# process kills itself (SIGKILL, no cleanup) as soon as the Trainer's checkpoint index lists
+# it (the Trainer writes the file with cstorch.save, then adds it to the index, from which
+# its autoload picks the checkpoint to resume from), so the run stops right after that
+# checkpoint, whatever the machine's speed.
+KILL_HOOK = """\"\"\"Written by tools/modelzoo_trainer.py: SIGKILL once a named checkpoint is indexed.\"\"\"
 import os
 
 _TARGET = os.environ.get("CEREBRAX_TOOL_KILL_AFTER")
 if _TARGET:
     import signal
 
-    import cerebrax
+    import yaml
 
-    _save = cerebrax.save
+    _dump = yaml.safe_dump
 
-    def _save_then_die(obj, path, *args, **kwargs):
-        result = _save(obj, path, *args, **kwargs)
-        if os.path.abspath(str(path)) == _TARGET:
+    def _dump_then_die(data, stream=None, **kwargs):
+        result = _dump(data, stream, **kwargs)
+        listed = isinstance(data, list) and any(
+            os.path.abspath(str(p)) == _TARGET for p in data)
+        if listed and stream is not None:
+            stream.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
-    cerebrax.save = _save_then_die
+    yaml.safe_dump = _dump_then_die
 """
 
 
@@ -355,7 +360,11 @@ def eager_reference(folder: pathlib.Path) -> dict:
         val = batches(config.fit.val_dataloader)
         for _ in range(EVAL_STEPS):
             val_losses.append(loss_of(next(val)).item())
-    return {"train": losses, "val": float(np.mean(val_losses))}
+    # the model's own eval metrics (Model Zoo's models update them in forward in eval
+    # mode), updated here from the torch-eager forward's tensors
+    metrics = {m.name: float(m) for m in model.modules()
+               if isinstance(m, cstorch.metrics.Metric) and m.num_updates}
+    return {"train": losses, "val": float(np.mean(val_losses)), "metrics": metrics}
 
 
 # ---- the checks ------------------------------------------------------------------------
@@ -408,6 +417,16 @@ def run_case(name: str, checkout: pathlib.Path, root: pathlib.Path) -> list[str]
                       + f": validation loss {val[-1]:.9g} vs torch eager {reference['val']:.9g}")
     else:
         report.append("FAIL: no validation loss logged")
+    # the eval metrics Model Zoo's ModelEvalMetrics callback logs under their names
+    for tag, want in sorted(reference["metrics"].items()):
+        # logged under the validation loop's scope: "validate_0/eval/accuracy"
+        tags = [t for t in scalars if t == tag or t.endswith("/" + tag)]
+        got = [v for _, v in scalars[tags[0]]] if tags else []
+        if not got:
+            report.append(f"FAIL: eval metric {tag} not logged")
+            continue
+        report.append(("ok" if _close(got[-1], want) else "FAIL")
+                      + f": eval metric {tag} {got[-1]:.9g} vs torch eager {want:.9g}")
     report += check_resume(folder, params, train)
     if name in HF_MODELS:
         report += check_hf_conversion(name, folder)

@@ -373,8 +373,14 @@ class DataLoader:
         state["samples_streamed"] = sum(int(w["samples"]) for w in state["workers"])
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True) -> None:
         """Makes the next pass (the next executor loop) start where ``state_dict`` was saved.
+
+        Args:
+          state_dict: a state of :meth:`state_dict`.
+          strict: cstorch's flag, taken as cstorch code passes it. Both ways the state is
+            checked: one that cannot be resumed exactly is refused (below), never applied
+            loosely, since a loose resume would change the batches without a word.
 
         Raises:
           ConfigError: ``state_dict`` is not a DataLoader state, or it was saved with a

@@ -37,6 +37,7 @@ __all__ = [
     "DataLoaderCheckpoint",
     "RestartableDataLoader",
     "StreamerInfo",
+    "aggregates",
     "get_ordinal",
     "get_streaming_batch_size",
     "get_streaming_rank",
@@ -235,12 +236,14 @@ class RestartableDataLoader(Protocol):
     ``load_state_dict(state)``, the DataLoader asks it for its state after every batch
     it streams (inside ``state_dict()``, :func:`get_worker_state` describes the worker
     and the batch), keeps the state of the last batch the step consumed, and on resume
-    hands that state back instead of replaying the skipped batches. Two optional
-    methods combine the states of several workers into one:
-    ``aggregate_state_dict(worker_states: list) -> Any`` (default: the list, in rank
-    order, None for a worker that delivered nothing yet) and
-    ``deaggregate_state_dict(aggregated) -> Any`` (default: the entry of this worker's
-    rank; a None state is not loaded).
+    hands that state back instead of replaying the skipped batches.
+
+    An object that also has ``aggregate_state_dict`` and ``deaggregate_state_dict``
+    (cstorch's protocol, Model Zoo's restartable loader) loads only the aggregate of all
+    workers' states, in a format of its own, which cerebrax does not build. Such an
+    object is not handed a state: on resume the DataLoader replays the batches the saved
+    run consumed (it builds the object again and skips them), so the resumed run sees the
+    batches of the run never stopped, at the cost of reading the skipped ones.
     """
 
     def state_dict(self) -> Any:
@@ -250,6 +253,13 @@ class RestartableDataLoader(Protocol):
     def load_state_dict(self, state_dict: Any) -> Any:
         """Restores a position :meth:`state_dict` returned, before the iteration that
         resumes from it."""
+
+
+def aggregates(source: Any) -> bool:
+    """Whether ``source`` follows cstorch's aggregated protocol (``aggregate_state_dict``
+    and ``deaggregate_state_dict`` beside ``state_dict`` and ``load_state_dict``)."""
+    return all(callable(getattr(source, name, None))
+               for name in ("aggregate_state_dict", "deaggregate_state_dict"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ from ._streamers import (
     DataLoaderCheckpoint,
     RestartableDataLoader,
     StreamerInfo,
+    aggregates,
     bind,
     worker_state,
 )
@@ -315,7 +316,9 @@ class _Worker:
     def produce(self) -> Iterator[_HostBatch]:
         """This worker's host batches, in order, after the ones a saved run consumed."""
         source = self.make_source()
-        restartable = isinstance(source, RestartableDataLoader)
+        # An iterable of cstorch's aggregated protocol loads only the aggregate of all
+        # workers' states, which cerebrax does not build: it is replayed instead.
+        restartable = isinstance(source, RestartableDataLoader) and not aggregates(source)
         start = self.start
         restored = restartable and start.user_state is not None
         if restored:

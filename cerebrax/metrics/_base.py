@@ -68,6 +68,10 @@ class Metric(abc.ABC):
     casts the value that ``compute`` returns. ``compute`` before any update raises
     :class:`cerebrax.StateError` on every backend.
 
+    Where torch is loaded, a metric is also a ``torch.nn.Module`` (with no parameters or
+    buffers), as cstorch's are: assigned to a torch model's attribute it is a submodule,
+    which ``model.modules()`` lists.
+
     Args:
       name: the metric's name (made unique).
       compute_on_system: cstorch's flag; cerebrax computes every metric inside the
@@ -78,6 +82,17 @@ class Metric(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "update" in cls.__dict__:
             cls.update = deferrable(f"{cls.__name__}.update()")(cls.__dict__["update"])
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Metric:
+        # cstorch's metrics are torch modules: one assigned to a module's attribute is a
+        # submodule, which model.modules() lists (Model Zoo's evaluation callback finds the
+        # model's metrics so). Where torch is loaded, a metric is one too.
+        torch = sys.modules.get("torch")
+        if torch is None or issubclass(cls, torch.nn.Module):
+            return super().__new__(cls)
+        self = super().__new__(_as_torch_module(cls, torch.nn.Module))
+        torch.nn.Module.__init__(self)
+        return self
 
     def __init__(self, name: str | None = None, compute_on_system: bool = True):
         if compute_on_system is not True:
@@ -174,6 +189,39 @@ class Metric(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+_TORCH_MODULE_CLASSES: dict[type, type] = {}
+
+
+def _as_torch_module(cls: type[Metric], module: type) -> type:
+    """``cls`` as a torch module too: a subclass of ``cls`` and ``torch.nn.Module`` under
+    the same name. The metric's own methods come first; a metric has no parameters or
+    buffers, so a model's ``state_dict``, ``to`` and ``train`` pass over it."""
+    found = _TORCH_MODULE_CLASSES.get(cls)
+    if found is None:
+        found = type(cls.__name__, (cls, module), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__, "__reduce_ex__": _reduce_to_metric_class,
+        })
+        _TORCH_MODULE_CLASSES[cls] = found
+    return found
+
+
+def _reduce_to_metric_class(self: Metric, protocol: int) -> Any:
+    """Pickles (and copies) a metric that is a torch module as its metric class and its
+    metric state; where the copy is made torch is loaded, so it is a torch module again."""
+    torch_module = type(self).__mro__[-2]  # (..., Metric, ABC, torch.nn.Module, object)
+    module_keys = vars(torch_module())
+    state = {k: v for k, v in vars(self).items() if k not in module_keys}
+    return _rebuild, (type(self).__mro__[1], state)
+
+
+def _rebuild(cls: type[Metric], state: dict[str, Any]) -> Metric:
+    self = cls.__new__(cls)
+    for key, value in state.items():
+        object.__setattr__(self, key, value)
+    return self
 
 
 def _recorded_in_export(fn: Any, args: tuple, kwargs: dict) -> bool:

@@ -441,6 +441,21 @@ def test_state_dict_counts_consumed_batches_not_prefetched_ones():
     stream.close()
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_load_state_dict_takes_cstorchs_strict_and_still_resumes_exactly(strict):
+    """cstorch's ``load_state_dict(state_dict, strict=...)`` (Model Zoo's Trainer passes it):
+    either way the batches continue where the state was saved, and a state that cannot be
+    resumed exactly is refused, never loosely applied."""
+    full = [np.asarray(b).tolist() for b in DataLoader(lambda: np.arange(8.0), num_steps=6)]
+    loader = DataLoader(lambda: np.arange(8.0), num_steps=2)
+    head = [np.asarray(b).tolist() for b in loader]
+    resumed = DataLoader(lambda: np.arange(8.0), num_steps=4)
+    resumed.load_state_dict(loader.state_dict(), strict=strict)
+    assert head + [np.asarray(b).tolist() for b in resumed] == full
+    with pytest.raises(cstorch.ConfigError, match="expects the dict"):
+        resumed.load_state_dict({"steps": 3}, strict=strict)
+
+
 def test_resume_needs_the_same_streaming_layout():
     state = DataLoader(lambda: [np.zeros(1)]).state_dict()
     cstorch.reset()
@@ -494,6 +509,57 @@ def test_a_restartable_iterable_is_restored_from_its_own_state():
     assert made[1].loaded == {"next_value": 2}
     with pytest.raises(cstorch.StateError, match="only available inside"):
         dist.get_worker_state()
+
+
+class AggregatingLoader:
+    """cstorch's restartable protocol as Model Zoo's restartable loader has it: the state it
+    loads is the aggregate of all workers' states (``aggregate_state_dict``), in a format
+    of its own; a worker's own ``state_dict()`` is refused by its ``load_state_dict``."""
+
+    def __init__(self, n: int, seed: int):
+        self.order = np.random.default_rng(seed).permutation(n)
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        for i in self.order:
+            yield np.full(2, 100 * self.epoch + i)
+
+    def state_dict(self):
+        return {"samples_streamed": dist.get_worker_state().samples_streamed}
+
+    def load_state_dict(self, state_dict, strict=True):
+        if strict and "__version__" not in state_dict:
+            raise KeyError("the state is not an aggregated state")
+
+    def aggregate_state_dict(self, worker_states):
+        return {"__version__": 1, "samples_streamed": sum(
+            s["samples_streamed"] for s in worker_states)}
+
+    def deaggregate_state_dict(self, aggregated_state_dict, strict=True):
+        return aggregated_state_dict
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_of_cstorchs_aggregated_protocol_resumes_with_the_uninterrupted_batches(
+        workers):
+    """cerebrax does not build cstorch's aggregated state, so it does not hand such a
+    loader a state: it replays the consumed batches, and the resumed run sees the batches
+    of the run never stopped."""
+    csx(workers_per_csx=workers)
+
+    def input_fn():
+        return AggregatingLoader(5, seed=dist.get_streaming_rank() if dist.is_streamer() else 0)
+
+    full = [np.asarray(b).tolist() for b in DataLoader(input_fn, num_steps=12)]
+    for stop in (3, 7):
+        loader = DataLoader(input_fn, num_steps=stop)
+        head = [np.asarray(b).tolist() for b in loader]
+        resumed = DataLoader(input_fn, num_steps=12 - stop)
+        resumed.load_state_dict(loader.state_dict(), strict=True)
+        assert head + [np.asarray(b).tolist() for b in resumed] == full, stop
 
 
 def test_a_checkpoint_closure_saves_the_state_of_its_own_step():
