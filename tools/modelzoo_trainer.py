@@ -135,7 +135,16 @@ def llama_params(folder: pathlib.Path) -> dict:
         "val_dataloader": _lm_loader(folder, "val")}}}
 
 
-CASES = {"fc_mnist": fc_mnist_params, "gpt2": gpt2_params, "llama": llama_params}
+def gpt2_clip_params(folder: pathlib.Path) -> dict:
+    """gpt2 with the precision section's gradient clipping (by norm, small enough that it
+    clips every step), float32."""
+    params = gpt2_params(folder)
+    params["trainer"]["init"]["precision"] = {"enabled": False, "max_gradient_norm": 0.05}
+    return params
+
+
+CASES = {"fc_mnist": fc_mnist_params, "gpt2": gpt2_params, "llama": llama_params,
+         "gpt2_clip": gpt2_clip_params}
 HF_MODELS = {"gpt2": "gpt2", "llama": "llama"}
 SRC_FMT = "cs-2.9"
 
@@ -345,12 +354,16 @@ def eager_reference(folder: pathlib.Path) -> dict:
         out = model(batch) if not isinstance(batch, (tuple, list)) else model(batch)
         return out["loss"] if isinstance(out, dict) else out
 
+    clip = params["trainer"]["init"].get("precision", {}).get("max_gradient_norm")
     losses = []
     model.train()
     train = batches(config.fit.train_dataloader)
     for _ in range(TRAIN_STEPS):
         loss = loss_of(next(train))
         loss.backward()
+        if clip is not None:  # the precision callback's clip_grad_norm_ over the groups
+            torch.nn.utils.clip_grad_norm_(
+                [p for g in optimizer.param_groups for p in g["params"]], clip)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
@@ -427,6 +440,7 @@ def run_case(name: str, checkout: pathlib.Path, root: pathlib.Path) -> list[str]
             continue
         report.append(("ok" if _close(got[-1], want) else "FAIL")
                       + f": eval metric {tag} {got[-1]:.9g} vs torch eager {want:.9g}")
+    report += check_validate(folder, params, reference["val"])
     report += check_resume(folder, params, train)
     if name in HF_MODELS:
         report += check_hf_conversion(name, folder)
@@ -456,6 +470,33 @@ def check_resume(folder: pathlib.Path, params: dict, uninterrupted: list[float])
     return [("ok" if ok else "FAIL") + f": resumed after step {CHECKPOINT_STEPS} (first run "
             f"exit {killed}): losses of steps {CHECKPOINT_STEPS + 1}..{TRAIN_STEPS} {later} "
             f"vs uninterrupted {want}"]
+
+
+def check_validate(folder: pathlib.Path, params: dict, want: float) -> list[str]:
+    """``cszoo validate`` of the fit's last checkpoint, in a model_dir of its own, must
+    log the validation loss of the torch-eager model after the same training steps."""
+    last = _checkpoints(folder / "model_dir").get(TRAIN_STEPS)
+    if last is None:
+        return [f"FAIL: validate: the fit saved no checkpoint_{TRAIN_STEPS}"]
+    here = folder / "validate"
+    here.mkdir(exist_ok=True)
+    params = json.loads(json.dumps(params))
+    trainer = params["trainer"]
+    trainer["init"]["model_dir"] = str(here / "model_dir")
+    trainer["validate"] = {"val_dataloader": trainer["fit"]["val_dataloader"],
+                           "ckpt_path": str(last)}
+    (here / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    log = here / "cszoo.log"
+    code = _cszoo(["validate", "params.yaml"], here, log)
+    if code != 0:
+        return [f"FAIL: cszoo validate exited {code} (log {log})"]
+    scalars = _scalars(here / "model_dir")
+    tags = [t for t in scalars if t.endswith("/loss") or t == "loss"]
+    if not tags:
+        return [f"FAIL: cszoo validate logged no loss (tags {sorted(scalars)})"]
+    got = scalars[tags[0]][-1][1]
+    return [("ok" if _close(got, want) else "FAIL")
+            + f": cszoo validate ({tags[0]}) {got:.9g} vs torch eager {want:.9g}"]
 
 
 def check_hf_conversion(name: str, folder: pathlib.Path) -> list[str]:
