@@ -214,7 +214,8 @@ def model_metrics(module: Any) -> list[Metric]:
     update them in ``forward``), in module order."""
     found: dict[int, Metric] = {}
     for sub in module.modules():
-        for value in vars(sub).values():
+        # a metric is a submodule where torch is loaded; an attribute otherwise
+        for value in (sub, *vars(sub).values()):
             if isinstance(value, Metric):
                 found.setdefault(id(value), value)
     return list(found.values())
