@@ -211,16 +211,14 @@ def _as_torch_module(cls: type[Metric], module: type) -> type:
 def _reduce_to_metric_class(self: Metric, protocol: int) -> Any:
     """Pickles (and copies) a metric that is a torch module as its metric class and its
     metric state; where the copy is made torch is loaded, so it is a torch module again."""
-    torch_module = type(self).__mro__[-2]  # (..., Metric, ABC, torch.nn.Module, object)
+    metric_cls, torch_module = type(self).__bases__
     module_keys = vars(torch_module())
-    state = {k: v for k, v in vars(self).items() if k not in module_keys}
-    return _rebuild, (type(self).__mro__[1], state)
+    return _rebuild, (metric_cls, {k: v for k, v in vars(self).items() if k not in module_keys})
 
 
 def _rebuild(cls: type[Metric], state: dict[str, Any]) -> Metric:
     self = cls.__new__(cls)
-    for key, value in state.items():
-        object.__setattr__(self, key, value)
+    vars(self).update(state)
     return self
 
 
