@@ -6,7 +6,8 @@ GPU the model computes in float32 unless :func:`set_half_dtype` chose a half dty
 :func:`enable_mixed_precision` turned mixed precision on. ``set_half_dtype("float32")``
 turns mixed precision off on every backend, which is how the emulated wafer is
 compared with a float32 single-device run. :class:`autocast` overrides the policy for
-the model calls made under it.
+the model calls made under it; on the CPU backend it is torch's own autocast for torch
+code (models and the step's torch operations), as cstorch's is.
 
 ``cbfloat16`` is Cerebras' own 16-bit float: 1 sign bit, 6 exponent bits and 9
 explicit mantissa bits (twice float16's exponent range). No JAX dtype holds it, so
@@ -23,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -185,20 +188,63 @@ def mixed_precision(backend: Any = None) -> bool:
     return compute_dtype(backend) is not None
 
 
-# The innermost autocast's half dtype name, "float32" for autocast(enabled=False), or
-# None outside every autocast. A context variable: each thread has its own.
-_AUTOCAST: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+# The innermost autocast: its half dtype name ("float32" for autocast(enabled=False)) and
+# whether torch's own autocast decides for torch code under it; None outside every
+# autocast. A context variable: each thread has its own.
+_AUTOCAST: contextvars.ContextVar[tuple[str, bool] | None] = contextvars.ContextVar(
     "cerebrax_autocast", default=None)
 
+# The half dtypes torch's autocast takes (cbfloat16 has no torch dtype).
+_TORCH_AUTOCAST_DTYPES = ("float16", "bfloat16")
 
-def compute_dtype(backend: Any = None) -> Any | None:
-    """The dtype models compute in: a JAX dtype, :data:`CBFLOAT16`, or None for float32."""
-    name = _AUTOCAST.get()
-    if name is None:
+MSG_GPU_AUTOCAST = """\
+cstorch.amp.autocast() on the GPU backend computes a torch model's whole call in {dtype}
+(its weights, buffers and inputs are cast at the call). torch's autocast on CUDA instead
+casts per operation and keeps softmax, norms, reductions and losses in float32, so the
+losses differ from a torch-on-CUDA run at {dtype}'s rounding. The CPU backend applies
+torch's own autocast and matches torch eager."""
+
+_warned_gpu_autocast = False
+
+
+def compute_dtype(backend: Any = None, *, torch_model: bool = False) -> Any | None:
+    """The dtype models compute in: a JAX dtype, :data:`CBFLOAT16`, or None for float32.
+
+    ``torch_model``: the model is a torch module. Under an :class:`autocast` that is
+    torch's own (CPU backend), such a model computes as torch's autocast decides, per
+    operation, so its call casts nothing (None).
+    """
+    state = _AUTOCAST.get()
+    if state is not None:
+        name, by_torch = state
+        if by_torch and torch_model:
+            return None
+        if torch_model and name != "float32":
+            _warn_gpu_autocast(backend, name)
+    else:
         name = _policy_name(backend)
     if name is None or name == "float32":
         return None
     return CBFLOAT16 if name == "cbfloat16" else jnp.dtype(_HALF_DTYPES[name])
+
+
+def torch_autocast_state() -> tuple:
+    """The CPU ``torch.autocast`` in effect (``("cpu", dtype)``), or ``()`` where none is
+    (or torch is not loaded). Its casts are part of a torch model's graph."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.is_autocast_enabled("cpu"):
+        return ()
+    return ("cpu", torch.get_autocast_dtype("cpu"))
+
+
+def _warn_gpu_autocast(backend: Any, name: str) -> None:
+    global _warned_gpu_autocast
+    if backend is None:
+        backend = current_backend(raise_exception=False)
+    if _warned_gpu_autocast or backend is None or not backend.is_gpu:
+        return
+    _warned_gpu_autocast = True
+    warnings.warn(MSG_GPU_AUTOCAST.format(dtype=name), UserWarning, stacklevel=4)
 
 
 def _policy_name(backend: Any) -> str | None:
@@ -218,13 +264,18 @@ def _policy_name(backend: Any) -> str | None:
 class autocast(contextlib.ContextDecorator):
     """Model calls under it compute in the half dtype (or in float32 if disabled).
 
-    A compiled model called inside ``with cstorch.amp.autocast():`` casts its weights,
-    buffers and inputs to the half dtype and computes in it, on every backend; outside,
-    the precision policy applies (float32 on CPU and GPU unless mixed precision was
-    turned on). ``autocast(enabled=False)`` computes in float32 even on CSX. Inside a
-    traced step the setting is captured when the step is traced: it is part of the
-    compiled graph. It applies to compiled models' calls, not to other code of the step.
-    Also usable as a decorator.
+    On the CPU backend, where the half dtype is float16 or bfloat16, it is torch's own
+    autocast, as cstorch's is: it enters ``torch.autocast("cpu", dtype)`` (where torch
+    is loaded), so a torch model called under it, and the step's torch operations in
+    it, cast per operation as torch eager does (matrix products in the half dtype, the
+    ops of torch's float32 list in float32), and a torch model's outputs have the dtype
+    torch gives them. A model that is a JAX function, and every model on the other
+    backends (or at cbfloat16), computes its whole call in the half dtype instead: its
+    weights, buffers and inputs are cast at the call and its outputs come back in
+    float32. Outside, the precision policy applies (float32 on CPU and GPU unless mixed
+    precision was turned on). ``autocast(enabled=False)`` computes in float32 even on
+    CSX. Inside a traced step the setting is captured when the step is traced: it is
+    part of the compiled graph. Also usable as a decorator.
 
     Args:
       dtype: the half dtype (a name or dtype, as :func:`set_half_dtype` takes); None
@@ -234,11 +285,11 @@ class autocast(contextlib.ContextDecorator):
     Example:
       >>> model = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
       >>> x = torch.full((2, 4), 0.1)
-      >>> with cstorch.amp.autocast():           # float16 weights, inputs and compute
+      >>> with cstorch.amp.autocast("bfloat16"):  # torch.autocast("cpu", torch.bfloat16)
       ...     half = model(x)
-      >>> full = model(x)                        # outside: float32 (on CPU)
-      >>> half.dtype, bool((half != full).any())  # outputs come back in float32
-      (dtype('float32'), True)
+      >>> full = model(x)                         # outside: float32 (on CPU)
+      >>> half.dtype, full.dtype                  # the linear layer's output, as in torch
+      (dtype(bfloat16), dtype('float32'))
     """
 
     def __init__(self, dtype: Any = None, enabled: bool = True):
@@ -250,17 +301,39 @@ class autocast(contextlib.ContextDecorator):
                 f"autocast(dtype=...) expects one of {sorted(_HALF_DTYPES)}, got {dtype!r}."
             )
         self.dtype, self.enabled = name, enabled
-        self._tokens: list[contextvars.Token] = []
+        self._entered: list[tuple[contextvars.Token, Any]] = []
 
     def __enter__(self) -> autocast:
         name = self.dtype or get_half_dtype_str()
         if name == "float32" and self.enabled:
             name = "float16"  # "float32" turns the policy off; autocast turns it on
-        self._tokens.append(_AUTOCAST.set(name if self.enabled else "float32"))
+        name = name if self.enabled else "float32"
+        region = _torch_autocast(name)
+        if region is not None:
+            region.__enter__()
+        self._entered.append((_AUTOCAST.set((name, region is not None)), region))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _AUTOCAST.reset(self._tokens.pop())
+        token, region = self._entered.pop()
+        _AUTOCAST.reset(token)
+        if region is not None:
+            region.__exit__(*exc)
+
+
+def _torch_autocast(name: str) -> Any:
+    """The ``torch.autocast`` region an :class:`autocast` at ``name`` enters, or None
+    where torch's autocast does not decide: torch is not loaded, the backend is not the
+    CPU (CSX and GPU keep the whole-call policy), or the dtype is cbfloat16."""
+    torch = sys.modules.get("torch")
+    backend = current_backend(raise_exception=False)
+    if torch is None or (backend is not None and not backend.is_cpu):
+        return None
+    if name == "float32":
+        return torch.autocast("cpu", enabled=False)
+    if name not in _TORCH_AUTOCAST_DTYPES:
+        return None
+    return torch.autocast("cpu", dtype=getattr(torch, name))
 
 
 def cast_floating(tree: Any, dtype: Any) -> Any:

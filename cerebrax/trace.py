@@ -33,6 +33,7 @@ from . import _closures, _state, wse
 from ._filters import is_array, is_torch_tensor
 from ._interop import as_jax, torch_origin, torch_to_jax
 from ._placement import put_many
+from ._precision import torch_autocast_state
 from ._runtime import RUNTIME
 from ._trace_context import DeferredValue, StepRecord, TraceContext, backward
 from .backend import Backend, current_backend, flags_report, get_or_create_backend
@@ -273,7 +274,7 @@ class TracedStep:
             record = ctx.finish(self._refs, out)
             self._modes = [(m, m.training) for m in record.models]
             self._hooks = _parameter_hooks()
-            self._autocast = _autocast_state()
+            self._autocast = torch_autocast_state()
             new_values, out_arrays, closure_arrays = self._finish(record, state_values)
             if self._state_shardings is not None:
                 new_values = jax.lax.with_sharding_constraint(new_values,
@@ -392,10 +393,10 @@ class TracedStep:
     def _check_modes(self) -> None:
         if self._hooks != _parameter_hooks():
             raise RecompileError(MSG_HOOKS_CHANGED.format(name=self.__name__))
-        if self._autocast != _autocast_state():
+        if self._autocast != torch_autocast_state():
             raise RecompileError(MSG_AUTOCAST_CHANGED.format(
                 name=self.__name__, then=_describe_autocast(self._autocast),
-                now=_describe_autocast(_autocast_state())))
+                now=_describe_autocast(torch_autocast_state())))
         for model, mode in self._modes:
             if model.training != mode:
                 raise RecompileError(
@@ -623,14 +624,6 @@ def _parameter_hooks() -> tuple:
     from ._torch_parameters import hook_signature
 
     return hook_signature(originals)
-
-
-def _autocast_state() -> tuple:
-    """The CPU ``torch.autocast`` active around a call of a step (empty where none)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.is_autocast_enabled("cpu"):
-        return ()
-    return ("cpu", torch.get_autocast_dtype("cpu"))
 
 
 def _describe_autocast(state: tuple) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 from .. import _state, wse
 from .._filters import is_array, is_prng_key, is_torch_module, is_torch_tensor
 from .._interop import as_jax, to_numpy, torch_to_jax
-from .._precision import cast_floating, compute_dtype
+from .._precision import cast_floating, compute_dtype, torch_autocast_state
 from .._runtime import RUNTIME
 from ..backend import Backend, get_or_create_backend
 from ..errors import ConfigError, StateError
@@ -287,7 +287,7 @@ class CompiledModel:
         return self._adapter.is_torch
 
     def _forward(self, params, buffers, key, args, kwargs, train):
-        dtype = compute_dtype(self.backend)
+        dtype = compute_dtype(self.backend, torch_model=self.is_torch)
         if dtype is not None:
             params, buffers = cast_floating(params, dtype), cast_floating(buffers, dtype)
             args, kwargs = cast_floating((args, kwargs), dtype)
@@ -320,9 +320,11 @@ class CompiledModel:
         leaves, treedef = jax.tree.flatten(_torch_leaves_to_jax((args, kwargs)))
         train = self.training
         static = tuple(None if is_array(x) else _static_key(x) for x in leaves)
-        # The precision policy (set_half_dtype, amp.autocast) is read when the call is
-        # traced, so the dtype it gives is part of the cache key.
-        cache_key = (train, treedef, static, str(compute_dtype(self.backend)))
+        # The precision policy (set_half_dtype, amp.autocast) and torch's autocast are
+        # read when the call is traced, so what they decide is part of the cache key.
+        cache_key = (train, treedef, static,
+                     str(compute_dtype(self.backend, torch_model=self.is_torch)),
+                     torch_autocast_state() if self.is_torch else ())
         fn = self._eager.get(cache_key)
         if fn is None:
             template = [_ARRAY if is_array(x) else x for x in leaves]
