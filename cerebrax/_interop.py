@@ -105,6 +105,16 @@ def torch_to_jax(t: Any, device: jax.Device | None = None) -> jax.Array:
     return x if device is None else jax.device_put(x, device)
 
 
+def torch_leaves_to_jax(tree: Any) -> Any:
+    """``tree`` with its torch tensor leaves as JAX arrays (:func:`torch_to_jax`: shared
+    through DLPack where possible, bfloat16 included)."""
+    if "torch" not in sys.modules or not any(
+            is_torch_tensor(x) for x in jax.tree.leaves(tree, is_leaf=is_torch_tensor)):
+        return tree
+    return jax.tree.map(lambda x: torch_to_jax(x) if is_torch_tensor(x) else x, tree,
+                        is_leaf=is_torch_tensor)
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A numpy view or copy of a torch tensor, JAX array or numpy array.
 

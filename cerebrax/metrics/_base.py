@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import _state
 from ..errors import ConfigError, StateError
+from .._interop import torch_leaves_to_jax
 from .._trace_context import deferrable
 
 __all__ = ["Metric", "get_all_metrics"]
@@ -148,6 +149,7 @@ class Metric(abc.ABC):
         """Accumulates one batch; ``dtype`` casts the value ``compute`` returns (see
         :func:`value_dtype`)."""
         dtype = value_dtype(type(self).__name__, dtype)
+        args, kwargs = torch_leaves_to_jax((args, kwargs))  # torch tensors of any dtype
         self._state.value = self._update(dict(self._state.value), *args, **kwargs)
         count = self._count.value
         self._count.value = jnp.where(count < _INT32_MAX, count + 1, count)

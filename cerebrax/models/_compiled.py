@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import _state, wse
 from .._filters import is_array, is_prng_key, is_torch_module, is_torch_tensor
-from .._interop import as_jax, to_numpy, torch_to_jax
+from .._interop import as_jax, to_numpy, torch_leaves_to_jax
 from .._precision import cast_floating, compute_dtype, torch_autocast_state
 from .._runtime import RUNTIME
 from ..backend import Backend, get_or_create_backend
@@ -317,7 +317,7 @@ class CompiledModel:
         Array inputs are traced; the others (bools, ints, strings) are constants of the
         jitted call, one compile per distinct value, as in a traced step.
         """
-        leaves, treedef = jax.tree.flatten(_torch_leaves_to_jax((args, kwargs)))
+        leaves, treedef = jax.tree.flatten(torch_leaves_to_jax((args, kwargs)))
         train = self.training
         static = tuple(None if is_array(x) else _static_key(x) for x in leaves)
         # The precision policy (set_half_dtype, amp.autocast) and torch's autocast are
@@ -372,14 +372,6 @@ def _static_key(x: Any) -> Any:
     except TypeError:
         return (type(x).__name__, repr(x))
     return (type(x).__name__, x)
-
-
-def _torch_leaves_to_jax(tree: Any) -> Any:
-    """``tree`` with torch tensor leaves as JAX arrays (shared through DLPack if possible)."""
-    if not any(is_torch_tensor(x) for x in jax.tree.leaves(tree, is_leaf=is_torch_tensor)):
-        return tree
-    return jax.tree.map(lambda x: torch_to_jax(x) if is_torch_tensor(x) else x, tree,
-                        is_leaf=is_torch_tensor)
 
 
 def _place(value: Any, backend: Backend) -> jax.Array:

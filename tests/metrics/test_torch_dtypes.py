@@ -138,3 +138,21 @@ def test_an_unknown_dtype_is_refused_at_the_update(dtype):
     with pytest.raises(cstorch.ConfigError, match=message):
         accuracy.update(labels=LABELS, predictions=PREDICTIONS, dtype=dtype)
     assert accuracy.num_updates == 0  # nothing was accumulated
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_updates_with_half_precision_torch_tensors_equal_torch(dtype):
+    """Torch tensors of a half dtype, as a model under autocast hands them over (Model
+    Zoo's gpt2 passes ``weights`` as its bfloat16 mask): the metric computes on their
+    values, as cstorch's does on the tensors. numpy has no bfloat16, so converting
+    through it failed ("unsupported ScalarType BFloat16")."""
+    accuracy = cstorch.metrics.AccuracyMetric("accuracy")
+    accuracy.update(labels=torch.from_numpy(LABELS), predictions=torch.from_numpy(PREDICTIONS),
+                    weights=torch.from_numpy(WEIGHTS).to(dtype))
+    assert float(accuracy) == float(_torch_accuracy(torch.float32))
+    perplexity = cstorch.metrics.PerplexityMetric("perplexity")
+    for loss in LOSSES:
+        perplexity.update(labels=torch.from_numpy(LABELS), loss=torch.tensor(loss).to(dtype))
+    total = sum(float(torch.tensor(loss).to(dtype)) for loss in LOSSES)
+    np.testing.assert_allclose(float(perplexity), np.exp(total / (3 * LABELS.size)),
+                               rtol=1e-6)
