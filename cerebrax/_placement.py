@@ -18,7 +18,7 @@ cerebrax places values through it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -141,6 +141,18 @@ def readable_tree(tree: Any) -> Any:
     return jax.tree.map(readable, tree)
 
 
+def start_host_copies(arrays: Iterable[jax.Array]) -> None:
+    """Starts the device-to-host copy of each array off the CPU, before the first wait.
+
+    A CPU buffer is read on the host without a copy. On jax 0.11, ``copy_to_host_async``
+    of one kept a host view of it in the array, and a step given that array silently
+    copied the buffer instead of donating it (tests/ckpt/test_ckpt_background.py).
+    """
+    for x in arrays:
+        if not any(device.platform == "cpu" for device in x.devices()):
+            x.copy_to_host_async()
+
+
 def to_host(tree: Any) -> Any:
     """``tree`` with every JAX array replaced by a numpy array (waits for the values).
 
@@ -151,7 +163,6 @@ def to_host(tree: Any) -> Any:
     leaves = [readable(x) for x in leaves]
     arrays = [x for x in leaves if isinstance(x, jax.Array)]
     if len(arrays) > 1:
-        for x in arrays:
-            x.copy_to_host_async()  # start every transfer before waiting on the first
+        start_host_copies(arrays)
     return jax.tree.unflatten(
         treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])

@@ -36,11 +36,17 @@ from ._lazy import LazyArray
 
 
 def start_host_copies(leaves: list[Leaf]) -> None:
-    """Starts the device-to-host copy of every jax leaf, so that they overlap."""
+    """Starts the device-to-host copy of every jax leaf off the CPU, so that they overlap.
+
+    A CPU buffer needs no copy to be read on the host. On jax 0.11, ``copy_to_host_async``
+    of one kept a host view of it in the array, and the next step silently copied
+    the buffer instead of donating it.
+    """
     for leaf in leaves:
         if leaf.kind == "jax" and not isinstance(leaf.value, LazyArray):
-            if not isinstance(leaf.value, sys.modules["jax"].core.Tracer):
-                leaf.value.copy_to_host_async()  # to_host refuses a tracer
+            if not isinstance(leaf.value, sys.modules["jax"].core.Tracer):  # to_host refuses one
+                if not _on_cpu(leaf.value):
+                    leaf.value.copy_to_host_async()
 
 
 def owned_host_arrays(leaves: list[Leaf]) -> list[np.ndarray | None]:
@@ -65,10 +71,14 @@ def _aliases_caller_memory(leaf: Leaf, array: np.ndarray) -> bool:
     if leaf.kind == "numpy_scalar":
         return False  # immutable
     if leaf.kind == "jax":  # off the CPU, np.asarray made a separate host copy
-        return any(device.platform == "cpu" for device in value.devices())
+        return _on_cpu(value)
     if leaf.kind == "torch":  # .cpu() of a tensor elsewhere is already a copy
         return value.device.type == "cpu"
     return np.may_share_memory(array, value)
+
+
+def _on_cpu(value: Any) -> bool:
+    return any(device.platform == "cpu" for device in value.devices())
 
 
 class _Buffers:

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _state, wse
+from .. import _placement, _state, wse
 from .._filters import is_array, is_prng_key, is_torch_module, is_torch_tensor
 from .._interop import as_jax, to_numpy, torch_leaves_to_jax
 from .._precision import cast_floating, compute_dtype, torch_autocast_state
@@ -208,9 +208,7 @@ class CompiledModel:
         for ref in slots.values():
             if id(ref) not in copies:
                 copies[id(ref)] = _key_data(ref.value)
-        for value in copies.values():
-            if isinstance(value, jax.Array):
-                value.copy_to_host_async()  # start every transfer before the first wait
+        _placement.start_host_copies(v for v in copies.values() if isinstance(v, jax.Array))
         copies = {k: np.array(v) for k, v in copies.items()}  # owned copies, not views
         return {name: copies[id(ref)] for name, ref in slots.items()}
 
