@@ -7,11 +7,20 @@ so the suite is the same on every run; each test sets its own small ``max_exampl
 Multi-device tests live in tests/multidevice/ and run in their own pytest process with
 XLA_FLAGS=--xla_force_host_platform_device_count=8 (set before JAX starts); without that
 flag they are not collected.
+
+cerebrax itself does not depend on torch. Where torch is not installed (CI's pass on the
+newest JAX), a test module that imports torch, torchvision, transformers, timm or
+torch_bridge, itself or through a helper module of tests/, is reported as skipped; a test
+that needs torch only in its body calls ``pytest.importorskip("torch")``. A module that
+fails because cerebrax's own code imports torch still fails.
 """
 
 from __future__ import annotations
 
+import ast
 import atexit
+import functools
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -36,29 +45,84 @@ def pytest_ignore_collect(collection_path: pathlib.Path, config) -> bool | None:
     return None
 
 
+TESTS = pathlib.Path(__file__).parent
+TORCH_PACKAGES = ("torch", "torchvision", "transformers", "timm", "torch_bridge")
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@functools.cache
+def _torch_import(path: pathlib.Path) -> str | None:
+    """The torch package ``path`` imports at module level, itself or through a helper
+    module of tests/ (found beside it or in tests/ itself), or None."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in (n.split(".")[0] for n in names):
+            if name in TORCH_PACKAGES:
+                return name
+            for helper in (path.parent / f"{name}.py", TESTS / f"{name}.py"):
+                if helper.is_file() and helper != path and (found := _torch_import(helper)):
+                    return found
+    return None
+
+
+class _NeedsTorch(pytest.Module):
+    def collect(self):
+        pytest.skip(f"imports {_torch_import(self.path)}, and torch is not installed",
+                    allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path: pathlib.Path, parent):
+    if not HAVE_TORCH and _torch_import(module_path):
+        return _NeedsTorch.from_parent(parent, path=module_path)
+    return None
+
+
 class CompileCounter:
-    """Counts XLA backend compiles (JAX's own monitoring event)."""
+    """Counts the XLA programs the process builds: those XLA compiles (JAX's backend
+    compile event) and those loaded from the test run's compilation cache (JAX's cache
+    hit event), which a process without that cache would have compiled."""
 
     def __init__(self) -> None:
         self.count = 0
 
-    def __call__(self, event: str, duration: float, **kwargs) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
+    def __call__(self, event: str, duration: float | None = None, **kwargs) -> None:
+        if event in ("/jax/core/compile/backend_compile_duration",
+                     "/jax/compilation_cache/cache_hits"):
             self.count += 1
 
 
 COMPILES = CompileCounter()
 jax.monitoring.register_event_duration_secs_listener(COMPILES)
+jax.monitoring.register_event_listener(COMPILES)
 
-# Backends turn JAX's persistent compilation cache on (cerebrax.backend._compile_cache).
-# In the test process it stays off, as JAX's own switch says: a program loaded from an
-# earlier run is not compiled, and the tests that count compiles would count too few.
-# The cache is tested in fresh processes (tests/test_startup.py, tests/cli). The scripts,
-# commands and notebooks the tests run in subprocesses share one folder of this test
-# process, not the user's ~/.cache.
-jax.config.update("jax_enable_compilation_cache", False)
-os.environ.setdefault("CEREBRAX_COMPILE_CACHE", tempfile.mkdtemp(prefix="cerebrax_cache_"))
-atexit.register(shutil.rmtree, os.environ["CEREBRAX_COMPILE_CACHE"], ignore_errors=True)
+
+def _run_folder(variable: str, prefix: str) -> str:
+    """A folder for this pytest run, named by ``variable``: made by the process that
+    starts first (xdist's workers inherit it) and removed when that process exits."""
+    if variable not in os.environ:
+        os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, os.environ[variable], ignore_errors=True)
+    return os.environ[variable]
+
+
+# JAX's persistent compilation cache, shared by the run's test processes (xdist's
+# workers): a program that several tests build (the same optimizer update, model or
+# step at the same shapes) is compiled once. CompileCounter counts what it loads, so the
+# tests that count compiles count every program. Backends keep a directory JAX already
+# has (cerebrax.backend._compile_cache); the user's cache folder is not touched.
+jax.config.update("jax_compilation_cache_dir",
+                  _run_folder("CEREBRAX_TEST_JAX_CACHE", "jax_cache_"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# The scripts, commands and notebooks the tests run in subprocesses share another folder
+# of this run, not the user's ~/.cache (tests/test_startup.py and tests/cli test the
+# cache itself in fresh processes).
+_run_folder("CEREBRAX_COMPILE_CACHE", "cerebrax_cache_")
 
 
 @pytest.fixture
