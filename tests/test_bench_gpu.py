@@ -15,6 +15,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytest.importorskip("torch")  # the benchmark compares with torch eager
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SYSTEMS = ("torch eager", "torch.compile", "jax.jit + optax", "cerebrax")
 PRECISIONS = ("float32", "bf16")

@@ -32,6 +32,9 @@ import pytest
 
 import cerebrax as cstorch
 
+# The docstrings run with torch beside cerebrax, and the pages port torch code.
+pytest.importorskip("torch")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PACKAGES = ("cerebrax", "torch_bridge")

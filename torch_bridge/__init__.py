@@ -27,3 +27,29 @@ from ._tensor import stand_in as stand_in
 from ._tensor import unwrap as unwrap
 from .ops import lowered_ops as lowered_ops
 from .ops import lowering as lowering
+
+
+def _untested_torch(version: str) -> str | None:
+    """What goes wrong with torch ``version``, where it is newer than the range the bridge
+    is tested with (pyproject.toml: torch<2.14), else None."""
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    if (major, minor) < (2, 14):
+        return None
+    return (
+        f"torch_bridge is tested with torch 2.11 to 2.13, and torch {version} is installed. "
+        "From torch 2.14, torch's gradient of clamp at a bound and at NaN changed, and "
+        "custom autograd.Functions in a model's forward were seen to train differently: "
+        "cerebrax still gives torch 2.13's numbers there (docs/getting-started.md, "
+        "'Checked once by hand'). Install torch<2.14 for results equal to torch eager.")
+
+
+def _warn_on_untested_torch() -> None:
+    import warnings
+
+    import torch
+
+    if message := _untested_torch(torch.__version__):
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+_warn_on_untested_torch()

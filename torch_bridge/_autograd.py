@@ -42,11 +42,16 @@ from ._tensor import JaxTensor
 
 __all__ = ["exporting", "exporting_functions", "honouring_functions"]
 
-# ``Function.apply`` ends in ``super().apply``, torch's C++ ``apply``: an ``apply`` set
-# on the class between them is reached also from a bound ``RoundSTE.apply`` taken
-# before (a bound method keeps the function it was bound to).
+# Up to torch 2.13, ``Function.apply`` ends in ``super().apply``, torch's C++ ``apply``:
+# an ``apply`` set on the class between them is reached also from a bound
+# ``RoundSTE.apply`` taken before (a bound method keeps the function it was bound to).
+# From torch 2.14, ``Function.apply`` is the C++ ``apply`` itself: it is replaced on
+# ``Function`` too, which every ``RoundSTE.apply(...)`` looked up at the call reaches.
 _LEVEL = torch.autograd.function._SingleLevelFunction
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
+_FUNCTION = torch.autograd.Function
+_FUNCTION_APPLY = _FUNCTION.__dict__["apply"]
+_PATCHED = (_LEVEL, _FUNCTION) if _FUNCTION_APPLY is _C_APPLY else (_LEVEL,)
 _REGISTER_HOOK = torch.Tensor.register_hook
 _GET_BACKWARD_HOOKS = torch.nn.Module._get_backward_hooks
 _BACKWARD_HOOK = torch_module.BackwardHook
@@ -101,7 +106,8 @@ def _install() -> None:
     with _LOCK:
         _INSTALLED[0] += 1
         if _INSTALLED[0] == 1:
-            _LEVEL.apply = classmethod(_apply)
+            for cls in _PATCHED:
+                cls.apply = classmethod(_apply)
             torch.nn.Module._get_backward_hooks = _get_backward_hooks
             torch_module.BackwardHook = _module_hooks
 
@@ -111,6 +117,8 @@ def _uninstall() -> None:
         _INSTALLED[0] -= 1
         if _INSTALLED[0] == 0:
             del _LEVEL.apply
+            if _FUNCTION in _PATCHED:
+                _FUNCTION.apply = _FUNCTION_APPLY
             torch.nn.Module._get_backward_hooks = _GET_BACKWARD_HOOKS
             torch_module.BackwardHook = _BACKWARD_HOOK
 

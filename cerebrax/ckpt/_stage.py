@@ -6,11 +6,11 @@ until the file is written. A background save writes after ``save`` returned, whe
 the caller may have changed those arrays in place or donated the jax buffers to
 its next step, so it stages copies it owns:
 
-* jax arrays: every device-to-host copy is started (``copy_to_host_async``) before
-  the first one is waited for. Off the CPU the host value is a fresh array; on the
-  CPU it is a view of the device buffer, which is copied so that the next step can
-  donate that buffer (a buffer still viewed by numpy is not donated: XLA copies
-  it, inside the step).
+* jax arrays: off the CPU, every device-to-host copy is started
+  (``copy_to_host_async``) before the first one is waited for, and the host value is a
+  fresh array. On the CPU it is a view of the device buffer, which is copied so that
+  the next step can donate that buffer (a buffer still viewed by numpy is not donated:
+  XLA copies it, inside the step).
 * numpy arrays and CPU torch tensors are copied: they can change after the call.
 * numpy scalars are immutable, and so are lazy arrays from :func:`load`: they keep
   their file open, and a save onto that path replaces the name, not the file. The

@@ -20,6 +20,8 @@ import sys
 
 import pytest
 
+pytest.importorskip("torch")  # the scripts are torch training loops
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _SCRIPT = """

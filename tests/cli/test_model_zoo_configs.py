@@ -161,6 +161,7 @@ def test_validation_during_fit_and_tensorboard_events(tmp_path):
     once: a traced step that would compile again raises RecompileError), and step 20's values equal `cerebrax eval` of checkpoint_20. The run's
     TensorBoard events (read back by TensorBoard's reader) hold the logged losses, the
     scheduler's closed-form rates, the validation's values and steps/s."""
+    pytest.importorskip("torch")  # the validation dataloader is a torch DataLoader
     config = _trainer_v2(tmp_path)
     config["trainer"]["init"]["loop"]["eval_frequency"] = 10
     path = _write(tmp_path, config)

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import yaml
 
+pytest.importorskip("torch")  # Model Zoo's models are torch modules
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FAKE_MODELZOO = pathlib.Path(__file__).resolve().parent / "fake_modelzoo"
 PARTS = pathlib.Path(__file__).resolve().parent / "zoo_parts.py"

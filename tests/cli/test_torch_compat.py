@@ -9,6 +9,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytest.importorskip("torch")  # it checks torch under `cerebrax run`
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # What Model Zoo's trainer config serializer does: flatten a tree, rebuild every spec

@@ -13,6 +13,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+pytest.importorskip("torch")  # the program is a torch training loop
 
 SCRIPT = pathlib.Path(__file__).with_name("trainer_style_script.py")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
