@@ -61,7 +61,7 @@ PAGES = [ROOT / "README.md"] + sorted(
     p for p in DOCS.rglob("*.md")
     if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
     and page_examples(p).strip())
-# This machine's torchvision wheel is a CUDA build beside a CPU torch: its import needs
+# Where torchvision's wheel is a CUDA build beside a CPU torch, its import needs
 # tests/torch_bridge/vision.py first (a user's CPU build does not). A page's script
 # starts with it.
 PREAMBLE = f"""import sys

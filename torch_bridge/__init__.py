@@ -31,16 +31,17 @@ from .ops import lowering as lowering
 
 def _untested_torch(version: str) -> str | None:
     """What goes wrong with torch ``version``, where it is newer than the range the bridge
-    is tested with (pyproject.toml: torch<2.14), else None."""
+    is tested with (pyproject.toml: torch<2.15), else None."""
     major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    if (major, minor) < (2, 14):
+    if (major, minor) < (2, 15):
         return None
     return (
-        f"torch_bridge is tested with torch 2.11 to 2.13, and torch {version} is installed. "
-        "From torch 2.14, torch's gradient of clamp at a bound and at NaN changed, and "
-        "custom autograd.Functions in a model's forward were seen to train differently: "
-        "cerebrax still gives torch 2.13's numbers there (docs/getting-started.md, "
-        "'Checked once by hand'). Install torch<2.14 for results equal to torch eager.")
+        f"torch_bridge is tested with torch 2.11 to 2.14, and torch {version} is installed. "
+        "torch changes gradient rules and its autograd.Function machinery between releases "
+        "(torch 2.14 changed clamp's gradient at a bound and at NaN, and made "
+        "Function.apply C++), and cerebrax follows only the releases it was checked "
+        "against: a model may train differently from torch eager without an error. "
+        "Install torch<2.15 for results equal to torch eager.")
 
 
 def _warn_on_untested_torch() -> None:

@@ -27,6 +27,7 @@ The bridge's export enters :func:`exporting_functions`; cerebrax's trace context
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -47,6 +48,9 @@ __all__ = ["exporting", "exporting_functions", "honouring_functions"]
 # ``RoundSTE.apply`` taken before (a bound method keeps the function it was bound to).
 # From torch 2.14, ``Function.apply`` is the C++ ``apply`` itself: it is replaced on
 # ``Function`` too, which every ``RoundSTE.apply(...)`` looked up at the call reaches.
+# A ``round_ste = RoundSTE.apply`` bound before is torch's C++ ``apply`` bound to the
+# class, which no patch reaches; it calls the class's ``forward``, which is patched
+# instead (:func:`_catch_bound_applies`).
 _LEVEL = torch.autograd.function._SingleLevelFunction
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 _FUNCTION = torch.autograd.Function
@@ -60,6 +64,9 @@ _BACKWARD_HOOK = torch_module.BackwardHook
 class _State(threading.local):
     depth = 0  # nesting of honouring_functions in this thread
     exporting = 0  # nesting of exporting_functions in this thread
+    # (the Function torch's C++ apply is about to run, whether grad mode was on at the call)
+    applying: tuple | None = None
+    routed: tuple | None = None  # (Function, outputs) routed in its forward, for its ctx
 
 
 _STATE = _State()
@@ -108,6 +115,8 @@ def _install() -> None:
         if _INSTALLED[0] == 1:
             for cls in _PATCHED:
                 cls.apply = classmethod(_apply)
+            if _FUNCTION in _PATCHED:
+                _catch_bound_applies()
             torch.nn.Module._get_backward_hooks = _get_backward_hooks
             torch_module.BackwardHook = _module_hooks
 
@@ -119,12 +128,25 @@ def _uninstall() -> None:
             del _LEVEL.apply
             if _FUNCTION in _PATCHED:
                 _FUNCTION.apply = _FUNCTION_APPLY
+                _release_bound_applies()
             torch.nn.Module._get_backward_hooks = _GET_BACKWARD_HOOKS
             torch_module.BackwardHook = _BACKWARD_HOOK
 
 
 def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     """``Function.apply``'s last step while patched: routed by where it runs and on what."""
+    routed = _route(cls, args, kwargs)
+    if routed is _NOT_ROUTED:
+        return _C_APPLY.__get__(None, cls)(*args, **kwargs)
+    return routed
+
+
+_NOT_ROUTED = object()
+
+
+def _route(cls: type, args: tuple, kwargs: dict) -> Any:
+    """What ``cls.apply(*args, **kwargs)`` gives in this thread now, or ``_NOT_ROUTED``
+    where torch's own ``apply`` runs it."""
     if _STATE.depth and cls is _REENTRANT_CHECKPOINT:
         # torch.utils.checkpoint(..., use_reentrant=True): its backward recomputes the
         # forward, so its gradients are the function's own, and none at all where no
@@ -142,7 +164,95 @@ def _apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         args, kwargs = pytree.tree_map(_live, (args, kwargs))
         if any(isinstance(x, JaxTensor) for x in pytree.tree_leaves((args, kwargs))):
             return _functions.apply_to_values(cls, args, kwargs)
-    return _C_APPLY.__get__(None, cls)(*args, **kwargs)
+    return _NOT_ROUTED
+
+
+# torch 2.14's C++ apply reads ``boxed_grads_call`` from the Function's class just before
+# it calls ``forward`` (with the ctx it made, or without one where the class has a
+# ``setup_context``); reading it marks that call for the patched forwards.
+_BOXED_GRADS_CALL = _LEVEL.__dict__["boxed_grads_call"]
+_CAUGHT: list[tuple[type, str, Any]] = []  # (class, name, its own or None), while patched
+
+
+class _ApplyMark:
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None and _STATE.depth:
+            _STATE.applying = (owner, torch.is_grad_enabled())
+        return _BOXED_GRADS_CALL
+
+
+def _user_functions() -> list[type]:
+    found, stack = [], [_FUNCTION]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            stack.append(sub)
+            if not sub.__module__.startswith("torch."):
+                found.append(sub)
+    return found
+
+
+def _catch_bound_applies() -> None:
+    """Patches the forward of every custom Function defined so far, so that a call of
+    its C++ ``apply`` bound before is routed as ``Function.apply`` is (torch 2.14)."""
+    _LEVEL.boxed_grads_call = _ApplyMark()
+    for cls in _user_functions():
+        patches = {"forward": _routing_forward(cls, cls.forward)}
+        if torch.autograd.function._is_setup_context_defined(cls.setup_context):
+            patches["setup_context"] = _routing_setup_context(cls, cls.setup_context)
+        for name, patch in patches.items():
+            _CAUGHT.append((cls, name, cls.__dict__.get(name)))
+            setattr(cls, name, staticmethod(patch))
+
+
+def _release_bound_applies() -> None:
+    _LEVEL.boxed_grads_call = _BOXED_GRADS_CALL
+    while _CAUGHT:
+        cls, name, own = _CAUGHT.pop()
+        if own is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, own)
+    _STATE.applying = _STATE.routed = None
+
+
+def _routing_forward(cls: type, forward: Any) -> Any:
+    own_context = torch.autograd.function._is_setup_context_defined(cls.setup_context)
+
+    @functools.wraps(forward)
+    def routing_forward(*args: Any, **kwargs: Any) -> Any:
+        applying, _STATE.applying = _STATE.applying, None
+        if applying is None or applying[0] is not cls:
+            return forward(*args, **kwargs)
+        # torch's apply turned grad mode off for forward: the step's values are routed in
+        # the caller's mode. An export is left as it is: it would record the switch.
+        with (contextlib.nullcontext() if exporting() else torch.set_grad_enabled(applying[1])):
+            routed = _route(cls, args if own_context else args[1:], kwargs)
+        if routed is _NOT_ROUTED:
+            return forward(*args, **kwargs)
+        if not exporting():
+            # torch's apply gives the outputs a grad_fn where an input requires grad (a
+            # compiled parameter): marked non-differentiable, they stay the step's values.
+            # (An export's outputs keep theirs: they carry its requires_grad flags.)
+            outputs = [x for x in pytree.tree_leaves(routed) if isinstance(x, torch.Tensor)]
+            if own_context:
+                _STATE.routed = (cls, outputs)
+            else:
+                args[0].mark_non_differentiable(*outputs)
+        return routed
+
+    return routing_forward
+
+
+def _routing_setup_context(cls: type, setup_context: Any) -> Any:
+    @functools.wraps(setup_context)
+    def routing_setup_context(ctx: Any, inputs: Any, output: Any) -> Any:
+        routed, _STATE.routed = _STATE.routed, None
+        if routed is None or routed[0] is not cls:
+            return setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(*routed[1])  # the routed call kept its own ctx
+        return None
+
+    return routing_setup_context
 
 
 def _live(x: Any) -> Any:

@@ -173,6 +173,19 @@ def test_setup_context_keyword_default_and_once_differentiable():
     _same_training(build=_net(lambda h: ScaledSign.apply(h) + ScaledSign.apply(h, scale=2.0)))
 
 
+def test_a_setup_context_apply_bound_before_the_step():
+    """``apply`` taken from the class before the step (from torch 2.14, torch's C++ apply
+    bound to the class, which calls ``forward`` with grad mode off)."""
+    scaled_sign = ScaledSign.apply
+    _same_training(build=_net(lambda h: scaled_sign(h) + scaled_sign(h, scale=2.0)))
+
+
+@pytest.mark.parametrize("function", ["ReverseGradient", "ScaledSign"])
+def test_an_apply_bound_before_the_step_on_a_parameter(function):
+    apply = {"ReverseGradient": ReverseGradient, "ScaledSign": ScaledSign}[function].apply
+    _same_training(on_output=lambda out, model: out * apply(model[2].bias, 2.0))
+
+
 def test_a_non_differentiable_output_without_materialized_gradients():
     def middle(h):
         doubled, rounded = NonDifferentiableHalf.apply(h)

@@ -1,12 +1,13 @@
 """torchvision and timm on a CPU-only torch, for the tests.
 
-PyPI's torchvision 0.28.0 (the release for torch 2.13, and the only one on the test
-machines' package mirror) is a CUDA build: its C++ operators do not load next to the CPU
-torch wheel, and ``import torchvision`` then fails registering shape functions for two of
-them (``torchvision::nms`` and ``torchvision::qnms``). Its models are plain Python and
-need none of its operators. :func:`load` declares the two operators' schemas, with no
-kernel, when the extension did not load, so that the import succeeds; calling them
-raises torch's "no kernel" error. Users install the CPU build instead (see README).
+PyPI's torchvision (0.28.0 for torch 2.13, 0.29.1 for torch 2.14) is a CUDA build: its
+C++ operators do not load next to a CPU torch wheel (they do next to PyPI's torch 2.14.1,
+itself a CUDA build, which CI installs), and ``import torchvision`` then fails
+registering shape functions for two of them (``torchvision::nms`` and
+``torchvision::qnms``). Its models are plain Python and need none of its operators.
+:func:`load` declares the two operators' schemas, with no kernel, when the extension did
+not load, so that the import succeeds; calling them raises torch's "no kernel" error.
+Users install the CPU build instead (see README).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from ._registry import lowering as lowering
 
 from . import attention as attention
 from . import backward as backward
+from . import minmax as minmax
 from . import conv as conv
 from . import creation as creation
 from . import elementwise as elementwise

@@ -91,50 +91,6 @@ def pow_(x, y):
     return jnp.power(x, y)
 
 
-@lowering(aten.maximum.default)
-def maximum(x, y):
-    return jnp.maximum(x, y)
-
-
-@lowering(aten.minimum.default)
-def minimum(x, y):
-    return jnp.minimum(x, y)
-
-
-@lowering(aten.fmax.default)
-def fmax(x, y):
-    return jnp.fmax(x, y)
-
-
-@lowering(aten.fmin.default)
-def fmin(x, y):
-    return jnp.fmin(x, y)
-
-
-# Bounds are applied with `where`, not maximum/minimum: torch's gradient is 1 inside the
-# closed interval [min, max] (where maximum/minimum would give 0.5 at a tie), flows to a
-# tensor bound where it is taken, and NaN passes through. With min > max every element
-# is max, as in torch.
-@lowering(aten.clamp.default, aten.clamp.Tensor)
-def clamp(x, min=None, max=None):  # noqa: A002
-    out = x
-    if min is not None:
-        out = jnp.where(x < min, min, out)
-    if max is not None:
-        out = jnp.where(out > max, max, out)
-    return out
-
-
-@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
-def clamp_min(x, min):  # noqa: A002
-    return jnp.where(x < min, min, x)
-
-
-@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
-def clamp_max(x, max):  # noqa: A002
-    return jnp.where(x > max, max, x)
-
-
 @lowering(aten.atan2.default)
 def atan2(x, y):
     return jnp.arctan2(x, y)
