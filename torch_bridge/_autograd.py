@@ -171,6 +171,7 @@ def _route(cls: type, args: tuple, kwargs: dict) -> Any:
 # it calls ``forward`` (with the ctx it made, or without one where the class has a
 # ``setup_context``); reading it marks that call for the patched forwards.
 _BOXED_GRADS_CALL = _LEVEL.__dict__["boxed_grads_call"]
+_BACKWARD_CTX = torch.autograd.function.BackwardCFunction  # the ctx torch's apply makes
 _CAUGHT: list[tuple[type, str, Any]] = []  # (class, name, its own or None), while patched
 
 
@@ -221,8 +222,9 @@ def _routing_forward(cls: type, forward: Any) -> Any:
     @functools.wraps(forward)
     def routing_forward(*args: Any, **kwargs: Any) -> Any:
         applying, _STATE.applying = _STATE.applying, None
-        if applying is None or applying[0] is not cls:
-            return forward(*args, **kwargs)
+        if applying is None or applying[0] is not cls or not (
+                own_context or args and isinstance(args[0], _BACKWARD_CTX)):
+            return forward(*args, **kwargs)  # not called by torch's apply
         # torch's apply turned grad mode off for forward: the step's values are routed in
         # the caller's mode. An export is left as it is: it would record the switch.
         with (contextlib.nullcontext() if exporting() else torch.set_grad_enabled(applying[1])):
