@@ -27,13 +27,13 @@ from ._tensor import stand_in as stand_in
 from ._tensor import unwrap as unwrap
 from .ops import lowered_ops as lowered_ops
 from .ops import lowering as lowering
+from .ops._util import torch_release as _torch_release
 
 
 def _untested_torch(version: str) -> str | None:
     """What goes wrong with torch ``version``, where it is newer than the range the bridge
     is tested with (pyproject.toml: torch<2.15), else None."""
-    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    if (major, minor) < (2, 15):
+    if _torch_release(version) < (2, 15):
         return None
     return (
         f"torch_bridge is tested with torch 2.11 to 2.14, and torch {version} is installed. "

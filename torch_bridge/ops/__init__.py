@@ -10,7 +10,6 @@ from ._registry import lowering as lowering
 
 from . import attention as attention
 from . import backward as backward
-from . import minmax as minmax
 from . import conv as conv
 from . import creation as creation
 from . import elementwise as elementwise
@@ -19,6 +18,7 @@ from . import grid as grid
 from . import indexing as indexing
 from . import linalg as linalg
 from . import loss as loss
+from . import minmax as minmax
 from . import norm as norm
 from . import pool as pool
 from . import random as random

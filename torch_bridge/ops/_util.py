@@ -11,9 +11,16 @@ import jax.numpy as jnp
 
 from ._dtypes import jax_dtype
 
-__all__ = ["axes", "axis", "broadcast_accumulating", "maybe_cast", "safe_sqrt", "shape_of"]
+__all__ = ["axes", "axis", "broadcast_accumulating", "maybe_cast", "safe_sqrt", "shape_of",
+           "torch_release"]
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a torch version string (``"2.14.1+cu130"`` -> ``(2, 14)``)."""
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    return major, minor
 
 
 def broadcast_accumulating(x: Any, shape: Sequence[int]) -> Any:

@@ -28,17 +28,13 @@ import jax.numpy as jnp
 import torch
 
 from ._registry import lowering
+from ._util import torch_release
 
 aten = torch.ops.aten
 
 
-def _torch_from(major: int, minor: int) -> bool:
-    version = torch.__version__.split("+")[0].split(".")[:2]
-    return tuple(int(part) for part in version) >= (major, minor)
-
-
 #: Whether torch 2.14's rules hold (clamp, fmax, fmin), by the installed torch.
-TIES_SPLIT = _torch_from(2, 14)
+TIES_SPLIT = torch_release(torch.__version__) >= (2, 14)
 
 
 def _by_shares(value, shares, *operands):
@@ -96,11 +92,7 @@ def _shares_2_14(x, lo, hi, lo_tensor, hi_tensor):
             inside = inside & (x < hi)
         return [_share(inside)]
     if lo is None or hi is None:  # one tensor bound: maximum's / minimum's rule
-        bound = hi if lo is None else lo
-        beyond = (x > bound) if lo is None else (x < bound)
-        within = (x < bound) if lo is None else (x > bound)
-        tie = x == bound
-        return [_share(~beyond, tie), _share(~within, tie)]
+        return list(_max_shares(x, lo) if hi is None else _min_shares(x, hi))
     ordered = lo < hi
     x_tie = ((x == lo) | (x == hi)) & ordered
     shares = [_share(~(x < lo) & ~(x > hi), x_tie)]
