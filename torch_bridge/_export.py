@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import logging
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 import torch._decomp
+import torch._export.utils as _export_utils
 from torch._C import DispatchKey
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -115,11 +117,62 @@ def _fast_recurrent_shapes() -> Iterator[None]:
             op._dispatch_cache.clear()
 
 
-def _decompositions() -> Any:
+# ---- the decomposition table ----------------------------------------------------------
+# torch builds its core ATen table afresh for every run_decompositions call: it walks
+# every CompositeImplicitAutograd op of every loaded op namespace, about 0.3 s with
+# torchvision's ops loaded, and again to split the table. The table depends only on the
+# ops registered with a CompositeImplicitAutograd kernel, so it is built once per set of
+# registrations (a custom op registered later is another set, and a new table).
+def _cia_registrations() -> tuple[str, ...]:
+    return tuple(torch._C._dispatch_get_registrations_for_dispatch_key(
+        "CompositeImplicitAutograd"))
+
+
+@functools.lru_cache(maxsize=1)
+def _table_for(registrations: tuple[str, ...]) -> dict[Any, Any]:
+    del registrations  # the cache key
     table = torch.export.default_decompositions()
     for op in KEPT_WHOLE:
         table.pop(op, None)
-    return table
+    return dict(table.items())
+
+
+def _decompositions() -> dict[Any, Any]:
+    """torch's core ATen table less ``KEPT_WHOLE``, a plain dict that
+    ``run_decompositions`` takes as it is (it copies it before changing it)."""
+    return dict(_table_for(_cia_registrations()))
+
+
+@functools.lru_cache(maxsize=1)
+def _materialized(registrations: tuple[str, ...]) -> None:
+    del registrations  # the cache key
+    _MATERIALIZE_CIA_OPS()
+
+
+def _materialize_once() -> None:
+    """``torch._export.utils._materialize_cpp_cia_ops``, which looks up every registered
+    CompositeImplicitAutograd op in ``torch.ops`` so that the lookups create them. torch
+    calls it once per op namespace and per table split, about 60 times per
+    ``run_decompositions`` with torchvision loaded (0.2 s); after the first, a call with
+    the same registrations has nothing left to create."""
+    _materialized(_cia_registrations())
+
+
+_MATERIALIZE_CIA_OPS = getattr(_export_utils, "_materialize_cpp_cia_ops", None)
+
+
+@contextlib.contextmanager
+def _fast_decomposition() -> Iterator[None]:
+    """While the bridge decomposes, torch's op lookup runs once per set of registrations
+    (``_materialize_once``); a torch without that function is left as it is."""
+    if _MATERIALIZE_CIA_OPS is None:
+        yield
+        return
+    _export_utils._materialize_cpp_cia_ops = _materialize_once
+    try:
+        yield
+    finally:
+        _export_utils._materialize_cpp_cia_ops = _MATERIALIZE_CIA_OPS
 
 
 # ---- gradient stops ------------------------------------------------------------------
@@ -193,7 +246,9 @@ def export_program(
         with exporting_side_calls(module) as side_calls, exporting_functions():
             program = _export(module, args, kwargs)
         _mark_gradient_stops(program)
-        program = rewrite(program.run_decompositions(_decompositions()))
+        with _fast_decomposition():
+            program = program.run_decompositions(_decompositions())
+        program = rewrite(program)
         link_tensor_hooks(program)
         return program, side_calls[0]
 
