@@ -40,6 +40,7 @@ lowering nor a reason in ``CORE_SKIPS``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import sys
@@ -288,7 +289,25 @@ def run_samples(info: Any, samples: list, tols: list[Tolerance]) -> Result:
 def samples_of(info: Any, dtype: torch.dtype, limit: int | None) -> list[tuple[int, Any]]:
     """The OpInfo's CPU samples at ``dtype`` (at most ``limit``; None: all) that torch
     eager itself accepts, with their positions, less the ones the skip list names
-    (``"name[i]"``)."""
+    (``"name[i]"``).
+
+    They are drawn on a thread of their own. torch's sample iterators walk the calling
+    thread's stack at every sample (to name the running unittest, and, in a CUDA build of
+    torch with no GPU, to record where each reseed was queued), at a cost that grows with
+    the stack's depth; under pytest that was two thirds of this file's time. A new
+    thread's stack holds no unittest either, so the samples are the same."""
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(_samples_of, info, dtype, limit).result()
+
+
+def _samples_of(info: Any, dtype: torch.dtype, limit: int | None) -> list[tuple[int, Any]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _accepted_samples(info, dtype, limit)
+
+
+def _accepted_samples(info: Any, dtype: torch.dtype, limit: int | None
+                      ) -> list[tuple[int, Any]]:
     name = full_name(info)
     torch.manual_seed(0)
     kept = []
