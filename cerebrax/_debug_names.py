@@ -3,15 +3,13 @@ messages and summaries that name the module a value comes from."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from ._filters import is_torch_module
+from ._runtime import RUNTIME
 from .errors import ConfigError
 
 __all__ = ["add_debug_name", "get_debug_name"]
-
-_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def add_debug_name(module: Any, root_name: str | None = None) -> None:
@@ -30,10 +28,10 @@ def add_debug_name(module: Any, root_name: str | None = None) -> None:
                           f"{type(module).__name__}.")
     root = root_name or type(module).__name__.lower()
     for name, sub in module.named_modules():
-        _NAMES[sub] = f"{root}.{name}" if name else root
+        RUNTIME.debug_names[sub] = f"{root}.{name}" if name else root
 
 
 def get_debug_name(module: Any) -> str:
     """The name :func:`add_debug_name` gave ``module`` (its class name in lower case if
     it has none)."""
-    return _NAMES.get(module, type(module).__name__.lower())
+    return RUNTIME.debug_names.get(module, type(module).__name__.lower())

@@ -204,8 +204,6 @@ casts per operation and keeps softmax, norms, reductions and losses in float32, 
 losses differ from a torch-on-CUDA run at {dtype}'s rounding. The CPU backend applies
 torch's own autocast and matches torch eager."""
 
-_warned_gpu_autocast = False
-
 
 def compute_dtype(backend: Any = None, *, torch_model: bool = False) -> Any | None:
     """The dtype models compute in: a JAX dtype, :data:`CBFLOAT16`, or None for float32.
@@ -238,12 +236,11 @@ def torch_autocast_state() -> tuple:
 
 
 def _warn_gpu_autocast(backend: Any, name: str) -> None:
-    global _warned_gpu_autocast
     if backend is None:
         backend = current_backend(raise_exception=False)
-    if _warned_gpu_autocast or backend is None or not backend.is_gpu:
+    if RUNTIME.warned.get("gpu autocast") or backend is None or not backend.is_gpu:
         return
-    _warned_gpu_autocast = True
+    RUNTIME.warned["gpu autocast"] = True
     warnings.warn(MSG_GPU_AUTOCAST.format(dtype=name), UserWarning, stacklevel=4)
 
 

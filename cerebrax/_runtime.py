@@ -4,7 +4,12 @@ Everything cerebrax remembers between calls, besides what users hold themselves
 (models, optimizers, steps), is a field of :class:`Runtime`, read top to bottom here.
 Each field names the module that owns it; other modules reach it through that module's
 public functions. :meth:`Runtime.reset` (``cstorch.reset()``) returns the process to
-its state at import (except that the cstorch alias, once on, stays on): no backend, no registered state, no queued closures, no streams.
+its state at import: no backend, no registered state, no queued closures, no streams.
+It keeps the fields of the last section, each marked ``kept`` with its reason: wiring
+that modules install once, and what cerebrax attached to the user's own objects or to
+open files, which outlive a generation of state.
+tests/test_layering.py checks that no other module-level name of cerebrax changes at run
+time, except the few it lists with their reasons.
 
 This module is the bottom layer with :mod:`cerebrax.errors`: it imports no other
 cerebrax module, and its fields hold plain containers.
@@ -43,6 +48,14 @@ class WeakIdentityMap:
     def get(self, key: Any, default: Any = None) -> Any:
         entry = self._items.get(id(key))
         return entry[1] if entry is not None and entry[0]() is key else default
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        """Forgets ``key``; returns its value (``default`` where it had none)."""
+        found = self.get(key, self)
+        if found is self:
+            return default
+        del self._items[id(key)]
+        return found
 
     def items(self) -> list[tuple[Any, Any]]:
         """The live ``(key, value)`` pairs."""
@@ -88,16 +101,86 @@ class Runtime:
     torch_origins: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
     # ---- 1.2-era sessions (cerebrax.legacy) ------------------------------------------
     sessions: list = dataclasses.field(default_factory=list)    # innermost last
-    # ---- running cstorch code (cerebrax._cstorch_alias) ------------------------------
-    cstorch_alias: bool = False           # enable_cstorch_alias() ran; kept by reset()
+    # ---- metrics (cerebrax.metrics) --------------------------------------------------
+    metrics: weakref.WeakValueDictionary = dataclasses.field(  # name -> live metric
+        default_factory=weakref.WeakValueDictionary)
+    # ---- annotations (cerebrax.core.annotation, cerebrax.lib) ------------------------
+    annotations: list = dataclasses.field(default_factory=list)  # applied, oldest first
+    pol_levels: list = dataclasses.field(default_factory=list)   # open contexts' levels
+    tensor_attributes: list = dataclasses.field(default_factory=list)  # set_attribute's
+    # ---- the pipeline's schedule records (cerebrax.wse) ------------------------------
+    schedule_records: list = dataclasses.field(default_factory=list)  # innermost last
+    # ---- names and warnings (cerebrax._debug_names, each warning's module) -----------
+    # a torch module -> the name add_debug_name() gave it
+    debug_names: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
+    warned: dict = dataclasses.field(default_factory=dict)  # key -> what was warned of
+
+    # ==== kept by reset() ===============================================================
+    # running cstorch code (cerebrax._cstorch_alias): enable_cstorch_alias() ran. Kept:
+    # the alias's modules stay installed.
+    cstorch_alias: bool = dataclasses.field(default=False, metadata={"kept": True})
+    # Wiring that modules install once, each at its import or first use. Kept: the
+    # modules are not imported or used for the first time again.
+    # Checks run before every read of a slot outside a traced step (cerebrax._state).
+    read_guards: list = dataclasses.field(default_factory=list, metadata={"kept": True})
+    # What runs before the first step is built (cerebrax.trace).
+    build_hooks: list = dataclasses.field(default_factory=list, metadata={"kept": True})
+    # (predicate, factory) of compile()'s model adapters, first match wins
+    # (cerebrax.models).
+    model_adapters: list = dataclasses.field(default_factory=list,
+                                             metadata={"kept": True})
+    # The handle of torch's global optimizer step pre-hook, once installed
+    # (cerebrax.optim).
+    torch_step_hook: list = dataclasses.field(default_factory=list,
+                                              metadata={"kept": True})
+    # What cerebrax attached to the user's own objects and to open files. Kept: those
+    # objects live on, and the attachments must stay consistent with them.
+    # A torch module -> the handles of the hooks compile() installed on it
+    # (cerebrax.models), removed when the module is compiled again.
+    torch_hook_handles: WeakIdentityMap = dataclasses.field(
+        default_factory=WeakIdentityMap, metadata={"kept": True})
+    # The checkpoint files that loaded arrays still read from (cerebrax.ckpt), read
+    # into memory before a save overwrites one.
+    open_checkpoints: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
+                                                          metadata={"kept": True})
+    # torch DataLoaders whose start method cerebrax chose, those of them checked to
+    # pickle, the worker iterators it started (shut down at exit), and whether the
+    # forkserver's preload list is set (cerebrax.data).
+    safe_loaders: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
+                                                      metadata={"kept": True})
+    pickle_checked: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
+                                                        metadata={"kept": True})
+    worker_iterators: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
+                                                          metadata={"kept": True})
+    forkserver_preloaded: bool = dataclasses.field(default=False, metadata={"kept": True})
+    # The torch bridge (torch_bridge). Kept: exported graphs hold indices into the
+    # calls, and the patches and recorders belong to the blocks that opened them.
+    # The Python objects (a Function class, a hook) that exported graphs call by index,
+    # and the index of each hashable key registered.
+    bridge_calls: list = dataclasses.field(default_factory=list, metadata={"kept": True})
+    bridge_call_keys: dict = dataclasses.field(default_factory=dict,
+                                               metadata={"kept": True})
+    # What a custom Function's apply captures of the state outside the tensors.
+    bridge_keepers: list = dataclasses.field(default_factory=list, metadata={"kept": True})
+    # The blocks inside honouring_functions() in all threads (torch's classes are
+    # patched while there is one), and the (class, name, its own or None) patched.
+    bridge_patch_users: int = dataclasses.field(default=0, metadata={"kept": True})
+    bridge_patches: list = dataclasses.field(default_factory=list, metadata={"kept": True})
+    # The open recorders of created JaxTensors, and the backward handlers, innermost
+    # last.
+    bridge_recorders: list = dataclasses.field(default_factory=list,
+                                               metadata={"kept": True})
+    bridge_backward: list = dataclasses.field(default_factory=list, metadata={"kept": True})
 
     def reset(self) -> None:
-        """Stops every stream and forgets everything above; bumps :attr:`generation`."""
+        """Stops every stream and forgets every field above the kept ones; bumps
+        :attr:`generation`."""
         for stream in list(self.streams):
             stream.close()
-        fresh = Runtime(generation=self.generation + 1, cstorch_alias=self.cstorch_alias)
+        fresh = Runtime(generation=self.generation + 1)
         for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(fresh, field.name))
+            if not field.metadata.get("kept"):
+                setattr(self, field.name, getattr(fresh, field.name))
 
 
 RUNTIME = Runtime()

@@ -37,9 +37,6 @@ class _Context(Protocol):
 
 
 _IDS = itertools.count()  # creation order of slots and optimizers (never reset)
-# Checks run before every read of a slot outside a traced step: wiring, not state, so
-# cstorch.reset() keeps them (the closure queue installs one at import).
-_READ_GUARDS: list[Callable[[StateRef], None]] = []
 
 MSG_STATE_IN_STEP = """\
 {what} was created inside a traced step. A traced step is captured once as a static
@@ -76,7 +73,7 @@ def tracing(context: _Context) -> Iterator[None]:
 
 def add_read_guard(guard: Callable[[StateRef], None]) -> None:
     """Calls ``guard(ref)`` before every read of a slot outside a traced step."""
-    _READ_GUARDS.append(guard)
+    RUNTIME.read_guards.append(guard)
 
 
 def current_generation() -> int:
@@ -194,7 +191,7 @@ class StateRef:
         ctx = active_context()
         if ctx is not None:
             return ctx.read(self)
-        for guard in _READ_GUARDS:
+        for guard in RUNTIME.read_guards:
             guard(self)
         return readable_tree(self._value)  # gathered if split over processes
 

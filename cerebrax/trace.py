@@ -107,7 +107,6 @@ _READ_ERRORS = (
 )
 
 _MAX_RETRACES = 8
-_BUILD_HOOKS: list[Callable[[], None]] = []  # wiring, kept by cstorch.reset()
 
 
 class Retrace(Exception):
@@ -128,8 +127,8 @@ class Retrace(Exception):
 def before_build(hook: Callable[[], None]) -> None:
     """Calls ``hook()`` before every traced step's program is built (wiring that the
     step may need, such as cerebrax's torch optimizer hook, is installed there)."""
-    if hook not in _BUILD_HOOKS:
-        _BUILD_HOOKS.append(hook)
+    if hook not in RUNTIME.build_hooks:
+        RUNTIME.build_hooks.append(hook)
 
 
 class TracedStep:
@@ -248,7 +247,7 @@ class TracedStep:
 
     # ---- building the program --------------------------------------------------------
     def _build(self, key: tuple, treedef: Any, backend: Backend) -> None:
-        for hook in _BUILD_HOOKS:
+        for hook in RUNTIME.build_hooks:
             hook()
         self._reset_program()
         self._key = key

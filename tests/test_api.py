@@ -106,3 +106,39 @@ def test_import_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_reset_forgets_what_the_process_recorded_and_keeps_its_wiring(tmp_path):
+    """``cstorch.reset()`` returns the process to its state at import: recorded
+    annotations, attributes, debug names and metrics are forgotten. It keeps the wiring
+    modules installed once, and the checkpoint files that loaded arrays still read."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from cerebrax._runtime import RUNTIME
+    from cerebrax.core.annotation import recorded_annotations
+    from cerebrax.lib import cerebras_pytorch_lib
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    cstorch.add_debug_name(model, "net")
+    cerebras_pytorch_lib.set_attribute(torch.ones(2), "cs.internal", 1)
+    metric = cstorch.metrics.AccuracyMetric("acc")
+    cstorch.ckpt.save({"w": np.ones(3, np.float32)}, tmp_path / "c.h5")
+    loaded = cstorch.ckpt.load(tmp_path / "c.h5")  # its arrays read the file when used
+    guards, adapters = list(RUNTIME.read_guards), list(RUNTIME.model_adapters)
+    assert cstorch.get_debug_name(model[0]) == "net.0"
+    assert cerebras_pytorch_lib.recorded_attributes()
+    assert "acc" in cstorch.metrics.get_all_metrics()
+    assert len(RUNTIME.open_checkpoints) == 1
+
+    cstorch.reset()
+    assert cstorch.get_debug_name(model[0]) == "linear"
+    assert cerebras_pytorch_lib.recorded_attributes() == []
+    assert recorded_annotations() == []
+    assert cstorch.metrics.get_all_metrics() == {}
+    assert RUNTIME.read_guards == guards and RUNTIME.model_adapters == adapters
+    assert guards and adapters
+    assert len(RUNTIME.open_checkpoints) == 1  # released before a save overwrites it
+    cstorch.ckpt.save({"w": np.zeros(3, np.float32)}, tmp_path / "c.h5")
+    np.testing.assert_array_equal(np.asarray(loaded["w"]), np.ones(3, np.float32))
+    del metric

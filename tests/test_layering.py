@@ -392,3 +392,90 @@ def test_the_private_attribute_check_sees_reads_and_writes(source, expected):
     assert len(uses) == len(expected), uses
     for use, want in zip(uses, expected):
         assert want in use
+
+
+# ---- process state lives in RUNTIME --------------------------------------------------------
+# The module-level names that change at run time outside cerebrax._runtime.RUNTIME, each
+# with its reason. Anything else a module remembers between calls is a field of RUNTIME,
+# where cstorch.reset() forgets it or keeps it by a stated rule.
+MODULE_STATE_ALLOWED = {
+    "cerebrax.metrics._base._TORCH_MODULE_CLASSES":
+        "a cache: the torch Module class made for a metric class, the same whenever made",
+    "cerebrax.storage.serializers.settings":
+        "cstorch's public settings dict, which user code writes (its API, not ours)",
+    "torch_bridge.ops._registry._LOWERINGS":
+        "the op table: filled as the lowering modules import, like their functions",
+}
+
+
+def _module_state_changes(module: str, tree: ast.AST,
+                          imported: dict[str, str] | None = None) -> set[str]:
+    """The module-level names of ``module`` (or names ``imported`` from other modules:
+    local name -> ``module.name``) that ``tree`` rebinds with ``global`` or changes in
+    place: ``X.append(v)`` (or another mutating method), ``X[k] = v``, ``X[k] += v``,
+    ``del X[k]``."""
+    names = {}
+    for node in getattr(tree, "body", []):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        names.update({t.id: f"{module}.{t.id}" for t in targets if isinstance(t, ast.Name)})
+    names.update(imported or {})
+    changed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            changed.update(names.get(n, f"{module}.{n}") for n in node.names)
+        targets: list = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign):
+            targets = [node.target]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in _MUTATORS | {"appendleft", "__setitem__"}):
+            targets = [ast.Subscript(value=node.func.value)]
+        for target in targets:
+            if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                    and target.value.id in names):
+                changed.add(names[target.value.id])
+    return changed
+
+
+def _imported_names(module: str, tree: ast.AST) -> dict[str, str]:
+    """``from <a module of ours> import NAME``: local name -> ``module.NAME``."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for source, name, local in _resolve(module, node):
+                if (source.split(".")[0] in PACKAGES and source in MODULES
+                        and f"{source}.{name}" not in MODULES):
+                    found[local] = f"{source}.{name}"
+    return found
+
+
+def test_process_state_lives_in_runtime():
+    changed = set()
+    for module, path in MODULES.items():
+        if module != "cerebrax._runtime":
+            tree = ast.parse(path.read_text(), str(path))
+            changed |= _module_state_changes(module, tree, _imported_names(module, tree))
+    assert len(MODULE_STATE_ALLOWED) <= 6
+    outside = sorted(changed - set(MODULE_STATE_ALLOWED))
+    assert not outside, (
+        "module-level names changed at run time outside cerebrax._runtime.RUNTIME (make "
+        "each a field of Runtime, which cstorch.reset() forgets or keeps):\n"
+        + "\n".join(outside))
+    assert changed == set(MODULE_STATE_ALLOWED), "an allowed name no longer changes: drop it"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("X = []\ndef f(v):\n    X.append(v)\n", {"m.X"}),
+    ("X = {}\ndef f(k, v):\n    X[k] = v\n", {"m.X"}),
+    ("X = [0]\ndef f():\n    X[0] += 1\n", {"m.X"}),
+    ("X = {}\ndef f(k):\n    del X[k]\n", {"m.X"}),
+    ("X = False\ndef f():\n    global X\n    X = True\n", {"m.X"}),
+    ("from other import Y\ndef f(v):\n    Y.add(v)\n", {"other.Y"}),
+    ("X = (1, 2)\ndef f(v):\n    seen = []\n    seen.append(v)\n    return X[0]\n", set()),
+])
+def test_the_module_state_check_sees_each_form(source, expected):
+    tree = ast.parse(source)
+    imported = {"Y": "other.Y"} if "import Y" in source else None
+    assert _module_state_changes("m", tree, imported) == expected

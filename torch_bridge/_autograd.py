@@ -38,6 +38,8 @@ import torch.nn.modules.module as torch_module
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
+from cerebrax._runtime import RUNTIME
+
 from . import _functions, _hooks
 from ._tensor import JaxTensor
 
@@ -70,7 +72,6 @@ class _State(threading.local):
 
 
 _STATE = _State()
-_INSTALLED = [0]  # threads inside honouring_functions (the patches are process-wide)
 _LOCK = threading.Lock()
 
 
@@ -111,8 +112,8 @@ _REENTRANT_CHECKPOINT = torch.utils.checkpoint.CheckpointFunction
 
 def _install() -> None:
     with _LOCK:
-        _INSTALLED[0] += 1
-        if _INSTALLED[0] == 1:
+        RUNTIME.bridge_patch_users += 1
+        if RUNTIME.bridge_patch_users == 1:
             for cls in _PATCHED:
                 cls.apply = classmethod(_apply)
             if _FUNCTION in _PATCHED:
@@ -123,8 +124,8 @@ def _install() -> None:
 
 def _uninstall() -> None:
     with _LOCK:
-        _INSTALLED[0] -= 1
-        if _INSTALLED[0] == 0:
+        RUNTIME.bridge_patch_users -= 1
+        if RUNTIME.bridge_patch_users == 0:
             del _LEVEL.apply
             if _FUNCTION in _PATCHED:
                 _FUNCTION.apply = _FUNCTION_APPLY
@@ -172,7 +173,6 @@ def _route(cls: type, args: tuple, kwargs: dict) -> Any:
 # ``setup_context``); reading it marks that call for the patched forwards.
 _BOXED_GRADS_CALL = _LEVEL.__dict__["boxed_grads_call"]
 _BACKWARD_CTX = torch.autograd.function.BackwardCFunction  # the ctx torch's apply makes
-_CAUGHT: list[tuple[type, str, Any]] = []  # (class, name, its own or None), while patched
 
 
 class _ApplyMark:
@@ -201,14 +201,14 @@ def _catch_bound_applies() -> None:
         if torch.autograd.function._is_setup_context_defined(cls.setup_context):
             patches["setup_context"] = _routing_setup_context(cls, cls.setup_context)
         for name, patch in patches.items():
-            _CAUGHT.append((cls, name, cls.__dict__.get(name)))
+            RUNTIME.bridge_patches.append((cls, name, cls.__dict__.get(name)))
             setattr(cls, name, staticmethod(patch))
 
 
 def _release_bound_applies() -> None:
     _LEVEL.boxed_grads_call = _BOXED_GRADS_CALL
-    while _CAUGHT:
-        cls, name, own = _CAUGHT.pop()
+    while RUNTIME.bridge_patches:
+        cls, name, own = RUNTIME.bridge_patches.pop()
         if own is None:
             delattr(cls, name)
         else:

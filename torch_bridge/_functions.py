@@ -57,6 +57,7 @@ import torch.utils._pytree as pytree
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from cerebrax._runtime import RUNTIME
 from cerebrax.errors import TensorReadError, UnsupportedOpError
 
 from ._tensor import JaxTensor, mark_used, paused_recording
@@ -110,9 +111,6 @@ _READ_ERRORS = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConver
 
 
 # ---- state outside the tensors -----------------------------------------------------------
-_KEEPERS: list[Callable[[], tuple[Hashable, Callable[[], Any]]]] = []
-
-
 def keep_for_functions(capture: Callable[[], tuple[Hashable, Callable[[], Any]]]) -> None:
     """Registers ``capture``, called where a custom Function is applied: it returns
     ``(key, restore)``, a hashable description of state outside the tensors that the
@@ -121,8 +119,8 @@ def keep_for_functions(capture: Callable[[], tuple[Hashable, Callable[[], Any]]]
     context manager that sets that state again. A Function applied in an exported
     forward runs its forward again when the graph runs, outside that region: there it
     runs inside ``restore()``. Registering the same function twice registers it once."""
-    if capture not in _KEEPERS:
-        _KEEPERS.append(capture)
+    if capture not in RUNTIME.bridge_keepers:
+        RUNTIME.bridge_keepers.append(capture)
 
 
 @contextlib.contextmanager
@@ -322,7 +320,7 @@ def describe(function: type, args: tuple, kwargs: dict) -> tuple[FunctionCall, l
         tuple(p for p, x in zip(positions, leaves) if isinstance(x, torch.Tensor)),
         len(inputs), tuple(t.dtype for t in tensors),
         tuple(bool(t.requires_grad) for t in tensors),
-        state=tuple(capture() for capture in _KEEPERS))
+        state=tuple(capture() for capture in RUNTIME.bridge_keepers))
     return entry, tensors
 
 

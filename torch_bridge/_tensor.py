@@ -42,6 +42,7 @@ import torch
 import torch._decomp
 import torch.utils._pytree as pytree
 
+from cerebrax._runtime import RUNTIME
 from cerebrax.errors import UnsupportedOpError
 
 from . import ops
@@ -96,8 +97,6 @@ _READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.
 # Ops that only relabel a value (their lowering would copy it or stop its gradient).
 _ALIASES = {aten.alias.default, aten.lift_fresh.default, aten.detach.default}
 
-_RECORDERS: list[list] = []
-_BACKWARD: list[Callable[..., None]] = []
 
 
 class JaxTensor(torch.Tensor):
@@ -136,7 +135,7 @@ class JaxTensor(torch.Tensor):
                  device: Any = "cpu"):
         super().__init__()
         self._jax = value
-        for recorder in _RECORDERS:
+        for recorder in RUNTIME.bridge_recorders:
             recorder.append(weakref.ref(self))
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -194,9 +193,9 @@ class JaxTensor(torch.Tensor):
                 "tensor.backward() in a compiled step takes no gradient, create_graph or "
                 "inputs: it differentiates a scalar loss with respect to the optimizers' "
                 "parameters.")
-        if not _BACKWARD:
+        if not RUNTIME.bridge_backward:
             raise UnsupportedOpError(MSG_NO_BACKWARD)
-        _BACKWARD[-1](self)
+        RUNTIME.bridge_backward[-1](self)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
@@ -223,23 +222,23 @@ def unwrap(tree: Any) -> Any:
 def recording() -> Iterator[list]:
     """Lists (weak references to) the JaxTensors created while the block runs."""
     created: list = []
-    _RECORDERS.append(created)
+    RUNTIME.bridge_recorders.append(created)
     try:
         yield created
     finally:
-        _RECORDERS.remove(created)
+        RUNTIME.bridge_recorders.remove(created)
 
 
 @contextlib.contextmanager
 def paused_recording() -> Iterator[None]:
     """No :func:`recording` lists the JaxTensors created while the block runs (values of
     an inner JAX trace, such as a custom ``autograd.Function``'s forward)."""
-    saved = _RECORDERS[:]
-    _RECORDERS.clear()
+    saved = RUNTIME.bridge_recorders[:]
+    RUNTIME.bridge_recorders.clear()
     try:
         yield
     finally:
-        _RECORDERS[:] = saved
+        RUNTIME.bridge_recorders[:] = saved
 
 
 def mark_used(tree: Any) -> None:
@@ -253,11 +252,11 @@ def mark_used(tree: Any) -> None:
 @contextlib.contextmanager
 def on_backward(handler: Callable[[JaxTensor], None]) -> Iterator[None]:
     """``tensor.backward()`` calls ``handler(tensor)`` while the block runs."""
-    _BACKWARD.append(handler)
+    RUNTIME.bridge_backward.append(handler)
     try:
         yield
     finally:
-        _BACKWARD.remove(handler)
+        RUNTIME.bridge_backward.remove(handler)
 
 
 # ---- dispatch ------------------------------------------------------------------------------

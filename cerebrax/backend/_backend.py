@@ -533,7 +533,9 @@ def run_config() -> RunConfig:
 
 
 def reset() -> None:
-    """Drops the backend, the configuration and all registered state.
+    """Drops the backend, the configuration and all registered state, and forgets what
+    the process recorded (annotations, ``set_attribute`` calls, debug names, warnings
+    given once).
 
     For tests and notebooks: afterwards ``configure`` and ``backend`` may be called
     again. Models, optimizers, schedulers and metrics created before the reset can

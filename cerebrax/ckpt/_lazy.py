@@ -10,6 +10,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from cerebrax._runtime import RUNTIME
 from cerebrax.errors import CheckpointError
 
 from ._format import BLOCK_BYTES, Digest, array_digest, byte_view, logical_dtype, stored_dtype
@@ -17,8 +18,6 @@ from ._format import BLOCK_BYTES, Digest, array_digest, byte_view, logical_dtype
 # Where POSIX positional reads exist, array bytes are read straight into the result
 # and summed block by block while in cache; elsewhere HDF5 reads them.
 RAW_READS = hasattr(os, "preadv") and os.name != "nt"
-
-_OPEN_SOURCES: weakref.WeakSet[Source] = weakref.WeakSet()
 
 
 class ArrayInfo:
@@ -57,7 +56,7 @@ class Source:
             weakref.WeakValueDictionary()  # by id: arrays compare elementwise
         )
         self._finalizer = weakref.finalize(self, _close, file, self._fd)
-        _OPEN_SOURCES.add(self)
+        RUNTIME.open_checkpoints.add(self)
 
     def track(self, array: LazyArray) -> None:
         self._arrays[id(array)] = array
@@ -164,7 +163,7 @@ def _close(file: h5py.File, fd: int) -> None:
 def release(path: str) -> None:
     """Reads into memory and closes every open checkpoint file at ``path``."""
     wanted = os.path.normcase(os.path.realpath(path))
-    for source in list(_OPEN_SOURCES):
+    for source in list(RUNTIME.open_checkpoints):
         if os.path.normcase(os.path.realpath(source.path)) == wanted:
             source.release()
 

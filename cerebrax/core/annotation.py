@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+from .._runtime import RUNTIME
 from ..errors import ConfigError
 
 __all__ = ["AnnotationMode", "Annotation", "create_annotation", "current_pol", "pol",
@@ -62,12 +63,9 @@ class Annotation(NamedTuple):
     backward: Any
 
 
-_RECORDED: list[Annotation] = []
-
-
 def recorded_annotations() -> list[Annotation]:
     """Every annotation applied in this process so far, oldest first."""
-    return list(_RECORDED)
+    return list(RUNTIME.annotations)
 
 
 def _name(fn: Any) -> str:
@@ -107,7 +105,7 @@ def create_annotation(config_class: type, get_attribute: Callable[[Any, bool], A
     def decorator(fn: Callable) -> Callable:
         if not callable(fn):
             raise ConfigError(f"an annotation decorates a callable, got {fn!r}.")
-        _RECORDED.append(Annotation(_name(fn), config, forward, backward))
+        RUNTIME.annotations.append(Annotation(_name(fn), config, forward, backward))
 
         @functools.wraps(fn)
         def annotated(*args: Any, **kw: Any) -> Any:
@@ -138,7 +136,6 @@ def value_annotation(name: str, value: Any, *, enable_bwd: bool = True
 
 # ---- the precision optimization level --------------------------------------------------
 _POL_LEVELS = (0, 1, 2)
-_POL_STACK: list[int] = []
 
 
 @dataclasses.dataclass
@@ -183,11 +180,11 @@ def pol(level: int | None = None, bwd_level: int | None = None) -> Callable[[Cal
 
         @functools.wraps(fn)
         def at_level(*args: Any, **kwargs: Any) -> Any:
-            _POL_STACK.append(level)
+            RUNTIME.pol_levels.append(level)
             try:
                 return annotated(*args, **kwargs)
             finally:
-                _POL_STACK.pop()
+                RUNTIME.pol_levels.pop()
 
         return at_level
 
@@ -199,26 +196,26 @@ def pol_regions() -> tuple[tuple[int, ...], Callable[[], Any]]:
     manager that runs code inside the same regions again (torch_bridge runs a custom
     autograd Function's forward again, outside the region it was applied in, where an
     exported graph runs: see ``torch_bridge.keep_for_functions``)."""
-    levels = tuple(_POL_STACK)
+    levels = tuple(RUNTIME.pol_levels)
     return levels, functools.partial(_inside_regions, levels)
 
 
 @contextlib.contextmanager
 def _inside_regions(levels: tuple[int, ...]) -> Iterator[None]:
-    saved = _POL_STACK[:]
-    _POL_STACK[:] = levels
+    saved = RUNTIME.pol_levels[:]
+    RUNTIME.pol_levels[:] = levels
     try:
         yield
     finally:
-        _POL_STACK[:] = saved
+        RUNTIME.pol_levels[:] = saved
 
 
 def current_pol() -> int:
     """The precision optimization level in effect: the innermost running
     ``pol(level=...)`` region's, else ``cstorch.backends.csx.precision.
     optimization_level`` (1 unless set)."""
-    if _POL_STACK:
-        return _POL_STACK[-1]
+    if RUNTIME.pol_levels:
+        return RUNTIME.pol_levels[-1]
     from ..backend import backends
 
     return int(backends.csx.precision.optimization_level)

@@ -33,7 +33,6 @@ import io
 import multiprocessing
 import pickle
 import sys
-import weakref
 from collections.abc import Iterator
 from multiprocessing import forkserver
 from multiprocessing.reduction import ForkingPickler
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .._filters import is_torch_tensor
+from .._runtime import RUNTIME
 from ..errors import ConfigError
 
 __all__ = ["SAFE_START_METHOD", "is_torch_dataloader", "safe_iter", "shutdown_workers",
@@ -51,12 +51,7 @@ SAFE_START_METHOD = (
     "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 )
 
-# The loaders whose start method cerebrax chose, and those of them checked to pickle.
-_CHOSEN: weakref.WeakSet = weakref.WeakSet()
-_CHECKED: weakref.WeakSet = weakref.WeakSet()
-_STARTED: weakref.WeakSet = weakref.WeakSet()  # the worker iterators safe_iter started
 _PRELOAD = ["__main__", "torch"]  # what the forkserver imports before it forks workers
-_preloaded = False
 
 MSG_PICKLE = """\
 The torch DataLoader uses num_workers={workers}. Beside JAX, cerebrax starts its worker
@@ -84,16 +79,15 @@ def use_safe_start_method(loader: Any) -> Any:
 
     Returns ``loader`` itself; any other object is returned untouched.
     """
-    global _preloaded
     if (is_torch_dataloader(loader) and loader.num_workers > 0
             and loader.multiprocessing_context is None):
-        if SAFE_START_METHOD == "forkserver" and not _preloaded:
+        if SAFE_START_METHOD == "forkserver" and not RUNTIME.forkserver_preloaded:
             # Takes effect if the server has not started yet (it starts with the first
             # forkserver process of this Python process).
             multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
-            _preloaded = True
+            RUNTIME.forkserver_preloaded = True
         loader.multiprocessing_context = SAFE_START_METHOD
-        _CHOSEN.add(loader)
+        RUNTIME.safe_loaders.add(loader)
     return loader
 
 
@@ -110,7 +104,7 @@ class _Probe(ForkingPickler):
 def _check_picklable(loader: Any) -> None:
     """Raises the ConfigError of :data:`MSG_PICKLE` if the workers' share of ``loader``
     cannot be pickled (checked once per loader, before any worker starts)."""
-    if loader in _CHECKED:
+    if loader in RUNTIME.pickle_checked:
         return
     parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
              "worker_init_fn": loader.worker_init_fn}
@@ -121,7 +115,7 @@ def _check_picklable(loader: Any) -> None:
             raise ConfigError(MSG_PICKLE.format(
                 workers=loader.num_workers, method=SAFE_START_METHOD, part=part,
                 error=f"{type(error).__name__}: {error}")) from error
-    _CHECKED.add(loader)
+    RUNTIME.pickle_checked.add(loader)
 
 
 def safe_iter(source: Any) -> Iterator[Any]:
@@ -132,15 +126,15 @@ def safe_iter(source: Any) -> Iterator[Any]:
         collate_fn, worker_init_fn) cannot be pickled, with the ways to fix it.
     """
     use_safe_start_method(source)
-    if not (is_torch_dataloader(source) and source in _CHOSEN):
+    if not (is_torch_dataloader(source) and source in RUNTIME.safe_loaders):
         return iter(source)
     _check_picklable(source)
     if SAFE_START_METHOD == "forkserver":
         _start_server()
     iterator = iter(source)
-    if not _STARTED:
+    if not RUNTIME.worker_iterators:
         atexit.register(shutdown_workers)  # runs before multiprocessing's own exit hook
-    _STARTED.add(iterator)
+    RUNTIME.worker_iterators.add(iterator)
     return iterator
 
 
@@ -154,11 +148,11 @@ def shutdown_workers() -> None:
     carry the stop message: each worker then waits out torch's 5 s timeout before it is
     killed, and the script hangs for seconds after its last step.
     """
-    for iterator in list(_STARTED):
+    for iterator in list(RUNTIME.worker_iterators):
         stop = getattr(iterator, "_shutdown_workers", None)
         if stop is not None:
             stop()
-    _STARTED.clear()
+    RUNTIME.worker_iterators.clear()
 
 def _start_server() -> None:
     """Starts the forkserver, and while it imports, does in this process what the first

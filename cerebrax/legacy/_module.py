@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._filters import is_torch_module
+from .._runtime import RUNTIME
 from ..models import CompiledModel
 from ..models import compile as compile_model
 from ..errors import ConfigError
@@ -30,12 +31,10 @@ class LegacyModule:
         self.compiled = compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from ._session import active_session
-
-        session = active_session()
-        if session is None:
+        sessions = RUNTIME.sessions  # the running Session's with-block, innermost last
+        if not sessions:
             return self.compiled(*args, **kwargs)
-        return session._record_model_call(self, args, kwargs)
+        return sessions[-1]._record_model_call(self, args, kwargs)
 
     def train(self, mode: bool = True) -> LegacyModule:
         """Sets train (``mode=True``) or eval mode of the compiled model; returns self."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .._runtime import RUNTIME
 from ..errors import ConfigError
 
 __all__ = ["TensorAttribute", "recorded_attributes", "set_attribute"]
@@ -19,17 +20,15 @@ class TensorAttribute(NamedTuple):
     value: Any
 
 
-_RECORDED: list[TensorAttribute] = []
-
-
 def set_attribute(tensor: Any, name: str, value: Any) -> None:
     """Attaches compiler attribute ``name`` = ``value`` to ``tensor`` (recorded only)."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"set_attribute(tensor, name, value): name must be a non-empty "
                           f"string, got {name!r}.")
-    _RECORDED.append(TensorAttribute(tuple(getattr(tensor, "shape", ())), name, value))
+    shape = tuple(getattr(tensor, "shape", ()))
+    RUNTIME.tensor_attributes.append(TensorAttribute(shape, name, value))
 
 
 def recorded_attributes() -> list[TensorAttribute]:
     """Every attribute set in this process so far, oldest first."""
-    return list(_RECORDED)
+    return list(RUNTIME.tensor_attributes)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import abc
 import itertools
 import sys
-import weakref
 from typing import Any
 
 import jax
@@ -25,11 +24,11 @@ import numpy as np
 from .. import _state
 from ..errors import ConfigError, StateError
 from .._interop import torch_leaves_to_jax
+from .._runtime import RUNTIME
 from .._trace_context import deferrable
 
 __all__ = ["Metric", "get_all_metrics"]
 
-_METRICS: weakref.WeakValueDictionary[str, Metric] = weakref.WeakValueDictionary()
 _COUNTER = itertools.count()
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -57,7 +56,7 @@ keep float32."""
 
 def get_all_metrics() -> dict[str, Metric]:
     """Every live metric by its (unique) name."""
-    return dict(_METRICS)
+    return dict(RUNTIME.metrics)
 
 
 class Metric(abc.ABC):
@@ -109,11 +108,11 @@ class Metric(abc.ABC):
             )
         base = name or type(self).__name__
         unique, i = base, 0
-        while unique in _METRICS:
+        while unique in RUNTIME.metrics:
             i += 1
             unique = f"{base}.{i}"
         self.name = unique
-        _METRICS[unique] = self
+        RUNTIME.metrics[unique] = self
         self._state = _state.StateRef(self._initial_state(), name=f"metric {unique}")
         self._count = _state.StateRef(jnp.int32(0), name=f"metric {unique} num_updates")
         self._dtype: Any = None

@@ -57,18 +57,19 @@ def _torch_adapter(model: Any) -> ModelAdapter:
     return TorchModelAdapter(model)
 
 
-_ADAPTERS: list[tuple[Callable[[Any], bool], Callable[[Any], ModelAdapter]]] = [
+# compile()'s built-in kinds of model, checked after the registered ones.
+RUNTIME.model_adapters.extend([
     (lambda m: isinstance(m, FunctionalModel), FunctionalAdapter),
     (is_nnx, NnxAdapter),
     (is_torch_module, _torch_adapter),
-]
+])
 
 
 def register_model_adapter(
     predicate: Callable[[Any], bool], factory: Callable[[Any], ModelAdapter]
 ) -> None:
     """Teaches ``compile`` a new kind of model (checked before the built-in kinds)."""
-    _ADAPTERS.insert(0, (predicate, factory))
+    RUNTIME.model_adapters.insert(0, (predicate, factory))
 
 
 def resolve_parameter(obj: Any) -> _state.Parameter | None:
@@ -397,7 +398,7 @@ def compile(model: Any, backend: Backend | str | None = None) -> CompiledModel: 
     resolved = get_or_create_backend(backend)
     if isinstance(model, CompiledModel):
         raise ConfigError("cstorch.compile() got a model that is already compiled.")
-    for predicate, factory in _ADAPTERS:
+    for predicate, factory in RUNTIME.model_adapters:
         if predicate(model):
             return CompiledModel(model, factory(model), resolved)
     raise ConfigError(

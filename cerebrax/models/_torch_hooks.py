@@ -31,11 +31,10 @@ import torch
 
 from .. import _state
 from .._interop import to_numpy, to_torch
+from .._runtime import RUNTIME
 
 __all__ = ["install"]
 
-# module -> the handles of its hooks (removed when the module is compiled again).
-_HANDLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Link:
@@ -136,10 +135,10 @@ class _WriteCompiledState(_Hook):
 
 def install(module: torch.nn.Module, compiled: Any) -> None:
     """Makes ``module.state_dict()`` / ``module.load_state_dict()`` use ``compiled``."""
-    for handle in _HANDLES.pop(module, []):
+    for handle in RUNTIME.torch_hook_handles.pop(module, []):
         handle.remove()
     link = _Link(module, compiled)
-    _HANDLES[module] = [
+    RUNTIME.torch_hook_handles[module] = [
         module.register_state_dict_pre_hook(_NoteKeepVars(link)),
         module.register_state_dict_post_hook(_ReadCompiledState(link)),
         module.register_load_state_dict_pre_hook(_WriteCompiledState(link)),

@@ -46,6 +46,7 @@ import numpy as np
 from .. import _state, trace
 from .._filters import is_torch_tensor
 from .._interop import as_jax
+from .._runtime import RUNTIME
 from ..errors import ConfigError, StateError
 from ._base import Optimizer
 from ._from_torch import check_convertible, from_torch
@@ -97,7 +98,6 @@ these settings."""
 _VOLATILE = frozenset({"last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step",
                        "_is_initial", "T_cur", "T_i", "optimizer", "_schedulers",
                        "lr_lambdas", "_cerebrax"})
-_HOOK: list = []  # the handle of torch's global step pre-hook, once installed (wiring)
 _WRITER_FRAMES = 8  # how far up a write to a param group looks for a torch scheduler
 
 
@@ -105,11 +105,11 @@ _WRITER_FRAMES = 8  # how far up a write to a param group looks for a torch sche
 def install_hook() -> None:
     """Installs the torch optimizer step pre-hook once torch is imported (cerebrax calls
     it before building a traced step's program)."""
-    if _HOOK or "torch" not in sys.modules:
+    if RUNTIME.torch_step_hook or "torch" not in sys.modules:
         return
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    _HOOK.append(register_optimizer_step_pre_hook(_on_torch_step))
+    RUNTIME.torch_step_hook.append(register_optimizer_step_pre_hook(_on_torch_step))
 
 
 trace.before_build(install_hook)

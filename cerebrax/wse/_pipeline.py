@@ -86,6 +86,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from .._runtime import RUNTIME
 from ..errors import ConfigError
 from ._inputs import (
     _check_circular_micro_batches,
@@ -210,7 +211,7 @@ def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
     plan = _plan(layers_for, wafer, inputs, params, buffers, key_data, typed_key)
     packed_buffers = _pack_buffers(plan, buffers)
     stored = {n: params[n] for n in plan.param_specs}
-    records = _RECORDING[-1] if _RECORDING else None
+    records = RUNTIME.schedule_records[-1] if RUNTIME.schedule_records else None
     outs, new_rows, ran = _run_schedule(plan, stored, packed_buffers, key_data,
                                         record=records is not None)
     if records is not None:
@@ -220,8 +221,6 @@ def pipelined_apply(layers_for: Callable[[tuple, dict], Layers], wafer: Wafer,
 
 
 # ---- recording what ran -----------------------------------------------------------------
-# The lists of the open recording_schedule() contexts, innermost last.
-_RECORDING: list[list[np.ndarray]] = []
 
 
 @contextlib.contextmanager
@@ -242,11 +241,11 @@ def recording_schedule() -> Iterator[list[np.ndarray]]:
         idle = (records[-1][..., 0] < 0).mean()
     """
     records: list[np.ndarray] = []
-    _RECORDING.append(records)
+    RUNTIME.schedule_records.append(records)
     try:
         yield records
     finally:
-        _RECORDING.remove(records)
+        RUNTIME.schedule_records.remove(records)
 
 
 def _append_record(records: list[np.ndarray], ran: Any) -> None:

@@ -19,6 +19,7 @@ import torch
 
 import cerebrax as cstorch
 import cerebrax.ckpt as ckpt
+from cerebrax._runtime import RUNTIME
 from cerebrax.ckpt import _lazy, _save, _seal
 from cerebrax.errors import CheckpointError
 
@@ -54,7 +55,7 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _open_sources() -> int:
     gc.collect()
-    return sum(1 for s in _lazy._OPEN_SOURCES if s._finalizer.alive)
+    return sum(1 for s in RUNTIME.open_checkpoints if s._finalizer.alive)
 
 
 def test_load_reads_no_array_data(saved, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,8 @@ called under cerebrax's must then cast per operation, as torch eager under
 
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -132,9 +134,15 @@ def test_on_the_gpu_backend_a_torch_model_under_autocast_warns_of_the_whole_call
         is_cpu, is_gpu, is_csx = False, True, False
 
     monkeypatch.setattr(_precision, "current_backend", lambda **_: _Gpu())
-    monkeypatch.setattr(_precision, "_warned_gpu_autocast", False)
     with cstorch.amp.autocast("bfloat16"):
         assert not torch.is_autocast_enabled("cpu")
         with pytest.warns(UserWarning, match="(?s)whole call in bfloat16.*CUDA"):
             assert _precision.compute_dtype(torch_model=True) == jnp.bfloat16
         assert _precision.compute_dtype(torch_model=False) == jnp.bfloat16
+        with warnings.catch_warnings():  # once per process: not again
+            warnings.simplefilter("error")
+            assert _precision.compute_dtype(torch_model=True) == jnp.bfloat16
+    cstorch.reset()  # a reset process warns again, as one freshly started
+    with cstorch.amp.autocast("bfloat16"):
+        with pytest.warns(UserWarning, match="whole call in bfloat16"):
+            _precision.compute_dtype(torch_model=True)

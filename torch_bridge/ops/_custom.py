@@ -15,7 +15,7 @@ graph node that decomposition keeps whole (see ``torch_bridge._functions`` and
 - ``module_hook(call, inputs)``: the tensors a module with backward hooks receives or
   returns (``register_full_backward_hook``, ``register_full_backward_pre_hook``).
 
-Their ``call`` indexes :data:`CALLS`, the Python objects (the Function class, the hook)
+Their ``call`` indexes ``RUNTIME.bridge_calls``, the Python objects (the Function class, the hook)
 that an operator's arguments cannot hold; each object's ``fake(inputs)`` gives the
 operator's outputs on fake tensors while the module is exported.
 """
@@ -26,29 +26,29 @@ from typing import Any
 
 import torch
 
-__all__ = ["CALLS", "autograd_function", "call", "module_hook", "register_call",
-           "stop_gradient", "tensor_hook"]
+from cerebrax._runtime import RUNTIME
 
-# The calls that exported graphs refer to by index (see the module docstring).
-CALLS: list[Any] = []
-_INDEX: dict[Any, int] = {}
+__all__ = ["autograd_function", "call", "module_hook", "register_call",
+           "stop_gradient", "tensor_hook"]
 
 
 def register_call(entry: Any, key: Any = None) -> int:
-    """Adds ``entry`` to :data:`CALLS` and returns its index; an entry registered before
-    under the same hashable ``key`` is reused, so that equal calls (a Function applied
-    the same way in every block of a model) give equal graph nodes."""
-    if key is not None and key in _INDEX:
-        return _INDEX[key]
-    CALLS.append(entry)
+    """Adds ``entry`` to the calls that exported graphs make (``RUNTIME.bridge_calls``)
+    and returns its index; an entry registered before under the same hashable ``key`` is
+    reused, so that equal calls (a Function applied the same way in every block of a
+    model) give equal graph nodes."""
+    calls, keys = RUNTIME.bridge_calls, RUNTIME.bridge_call_keys
+    if key is not None and key in keys:
+        return keys[key]
+    calls.append(entry)
     if key is not None:
-        _INDEX[key] = len(CALLS) - 1
-    return len(CALLS) - 1
+        keys[key] = len(calls) - 1
+    return len(calls) - 1
 
 
 def call(index: int) -> Any:
-    """The entry of :data:`CALLS` at ``index``."""
-    return CALLS[index]
+    """The entry registered at ``index``."""
+    return RUNTIME.bridge_calls[index]
 
 
 @torch.library.custom_op("torch_bridge::stop_gradient", mutates_args=())
@@ -70,7 +70,7 @@ def autograd_function(call: int, inputs: list[torch.Tensor]) -> list[torch.Tenso
 
 @autograd_function.register_fake
 def _autograd_function_fake(call: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return CALLS[call].fake(inputs)
+    return RUNTIME.bridge_calls[call].fake(inputs)
 
 
 @torch.library.custom_op("torch_bridge::tensor_hook", mutates_args=())
@@ -102,7 +102,7 @@ def _differentiated_by_lowering(ctx: Any, grads: Any) -> Any:
 
 def _function_outputs(ctx: Any, inputs: tuple, output: list) -> None:
     # As torch marks a Function's outputs: those it marks, and integer ones, need no grad.
-    marks = CALLS[inputs[0]].differentiable
+    marks = RUNTIME.bridge_calls[inputs[0]].differentiable
     ctx.mark_non_differentiable(*[o for o, d in zip(output, marks) if not d])
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
+from cerebrax._runtime import RUNTIME
+
 __all__ = [
     "ClassLogger",
     "collect_wsc_log_settings",
@@ -109,9 +111,8 @@ def collect_wsc_log_settings() -> dict[str, int]:
                 and found.level != logging.NOTSET):
             settings[name[len(prefix):]] = found.level
     settings = dict(sorted(settings.items()))
-    if settings and settings != _warned:
-        _warned.clear()
-        _warned.update(settings)
+    if settings and settings != RUNTIME.warned.get(_WARNED):
+        RUNTIME.warned[_WARNED] = settings
         logger.warning(
             "Wafer-Scale Cluster server log levels %s are set; cerebrax has no cluster "
             "servers, so they have no effect.",
@@ -120,4 +121,4 @@ def collect_wsc_log_settings() -> dict[str, int]:
     return settings
 
 
-_warned: dict[str, int] = {}
+_WARNED = "cluster server log levels"  # RUNTIME.warned: the levels last warned of
