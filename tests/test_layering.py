@@ -215,6 +215,46 @@ def test_the_folder_graph_has_no_cycle():
     assert _cycles(GRAPH) == []
 
 
+def _module_graph() -> dict[str, set[str]]:
+    """Imports between the modules of one folder (a package's ``__init__`` belongs to the
+    folder it opens), imports inside functions included."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = _type_checking_nodes(tree)
+        home = module if path.name == "__init__.py" else folder(module)
+        for node in ast.walk(tree):
+            if id(node) in skipped or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for source, name, _ in _resolve(module, node):
+                as_module = f"{source}.{name}" if name else source
+                target = as_module if as_module in MODULES else _target(source)
+                if target and target != module and (folder(target) == home
+                                                    or target.startswith(home + ".")):
+                    graph.setdefault(module, set()).add(target)
+    return graph
+
+
+# Import circles inside a folder that are still to be undone, each a mutual need that a
+# function-level import hides: the checkpoint's lazy arrays convert to torch through the
+# module that loads and saves them; a DataLoader iterates through the DataExecutor that
+# checks it is given one; torch_bridge's Function and hook routes enter the patches
+# that install them. The list may only shrink.
+KNOWN_FOLDER_CYCLES = [
+    ["cerebrax.ckpt._flatten", "cerebrax.ckpt._lazy", "cerebrax.ckpt._load",
+     "cerebrax.ckpt._save", "cerebrax.ckpt._stage", "cerebrax.ckpt._torch"],
+    ["cerebrax.data._dataloader", "cerebrax.data._executor"],
+    ["torch_bridge._autograd", "torch_bridge._functions", "torch_bridge._hooks"],
+]
+
+
+def test_no_new_import_circle_inside_a_folder():
+    cycles = sorted(_cycles(_module_graph()))
+    new = [c for c in cycles if c not in KNOWN_FOLDER_CYCLES]
+    assert not new, f"import circles inside a folder: {new}"
+    assert cycles == KNOWN_FOLDER_CYCLES, "a known circle is undone: drop it from the list"
+
+
 def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []

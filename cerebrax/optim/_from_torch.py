@@ -17,14 +17,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
+from ._adadelta import Adadelta
+from ._adafactor import Adafactor
+from ._adagrad import Adagrad
+from ._adam import Adam
+from ._adamax import Adamax
+from ._adamw import AdamW
+from ._asgd import ASGD
 from ._base import Optimizer
+from ._nadam import NAdam
+from ._radam import RAdam
+from ._rmsprop import RMSprop
+from ._rprop import Rprop
+from ._sgd import SGD
 
 __all__ = ["HARMLESS_OPTIONS", "TORCH_EQUIVALENTS", "check_convertible", "from_torch"]
 
 # The torch.optim classes whose cerebrax namesakes have torch's signature and numerics
 # (tests/optim/test_optimizers_vs_torch.py runs each against torch).
-TORCH_EQUIVALENTS = ("ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax",
-                     "NAdam", "RAdam", "RMSprop", "Rprop", "SGD")
+_CLASSES: dict[str, type[Optimizer]] = {cls.__name__: cls for cls in (
+    ASGD, Adadelta, Adafactor, Adagrad, Adam, AdamW, Adamax, NAdam, RAdam, RMSprop, Rprop, SGD)}
+TORCH_EQUIVALENTS = tuple(sorted(_CLASSES))
 
 # torch options that choose an implementation, not the numbers: the whole step is one
 # fused program. AdamW's ``decoupled_weight_decay`` is always True there (AdamW is
@@ -63,9 +76,7 @@ def _torch_default(optimizer: Any, key: str) -> Any:
 
 
 def _accepted(name: str) -> Mapping[str, inspect.Parameter]:
-    from .. import optim
-
-    return inspect.signature(vars(optim)[name]).parameters
+    return inspect.signature(_CLASSES[name]).parameters
 
 
 def _options(optimizer: Any, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -144,9 +155,7 @@ def from_torch(optimizer: Any) -> Optimizer:
     if current is not None:
         return current
     check_convertible(optimizer)
-    from .. import optim
-
-    cls = vars(optim)[type(optimizer).__name__]
+    cls = _CLASSES[type(optimizer).__name__]
     groups = [{**_options(optimizer, group), "params": list(group["params"])}
               for group in optimizer.param_groups]
     converted = cls(groups, **_options(optimizer, optimizer.defaults))
