@@ -106,10 +106,7 @@ class Runtime:
         default_factory=weakref.WeakValueDictionary)
     # ---- annotations (cerebrax.core.annotation, cerebrax.lib) ------------------------
     annotations: list = dataclasses.field(default_factory=list)  # applied, oldest first
-    pol_levels: list = dataclasses.field(default_factory=list)   # open contexts' levels
     tensor_attributes: list = dataclasses.field(default_factory=list)  # set_attribute's
-    # ---- the pipeline's schedule records (cerebrax.wse) ------------------------------
-    schedule_records: list = dataclasses.field(default_factory=list)  # innermost last
     # ---- names and warnings (cerebrax._debug_names, each warning's module) -----------
     # a torch module -> the name add_debug_name() gave it
     debug_names: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
@@ -153,6 +150,14 @@ class Runtime:
     worker_iterators: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
                                                           metadata={"kept": True})
     forkserver_preloaded: bool = dataclasses.field(default=False, metadata={"kept": True})
+    # What open with-blocks (and decorated calls) pushed, innermost last. Kept: each
+    # block takes its own entry off again, also where it ran a reset().
+    # The precision optimization levels of the running pol(level=...) regions
+    # (cerebrax.core.annotation).
+    pol_levels: list = dataclasses.field(default_factory=list, metadata={"kept": True})
+    # The lists of the open recording_schedule() blocks (cerebrax.wse).
+    schedule_records: list = dataclasses.field(default_factory=list,
+                                               metadata={"kept": True})
     # The torch bridge (torch_bridge). Kept: exported graphs hold indices into the
     # calls, and the patches and recorders belong to the blocks that opened them.
     # The Python objects (a Function class, a hook) that exported graphs call by index,

@@ -142,3 +142,22 @@ def test_reset_forgets_what_the_process_recorded_and_keeps_its_wiring(tmp_path):
     cstorch.ckpt.save({"w": np.zeros(3, np.float32)}, tmp_path / "c.h5")
     np.testing.assert_array_equal(np.asarray(loaded["w"]), np.ones(3, np.float32))
     del metric
+
+
+def test_a_block_open_across_reset_closes_cleanly():
+    """What a with-block or a decorated call pushes on RUNTIME is taken off by that
+    block, even where it ran ``cstorch.reset()`` inside."""
+    from cerebrax.core.annotation import current_pol, pol
+    from cerebrax.wse import recording_schedule
+
+    with recording_schedule() as records:
+        cstorch.reset()
+    assert records == []
+
+    @pol(level=2)
+    def resetting():
+        cstorch.reset()
+        return current_pol()
+
+    assert resetting() == 2
+    assert current_pol() == 1

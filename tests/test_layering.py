@@ -236,14 +236,9 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 # Import circles inside a folder that are still to be undone, each a mutual need that a
-# function-level import hides: the checkpoint's lazy arrays convert to torch through the
-# module that loads and saves them; a DataLoader iterates through the DataExecutor that
-# checks it is given one; torch_bridge's Function and hook routes enter the patches
+# function-level import hides: torch_bridge's Function and hook routes enter the patches
 # that install them. The list may only shrink.
 KNOWN_FOLDER_CYCLES = [
-    ["cerebrax.ckpt._flatten", "cerebrax.ckpt._lazy", "cerebrax.ckpt._load",
-     "cerebrax.ckpt._save", "cerebrax.ckpt._stage", "cerebrax.ckpt._torch"],
-    ["cerebrax.data._dataloader", "cerebrax.data._executor"],
     ["torch_bridge._autograd", "torch_bridge._functions", "torch_bridge._hooks"],
 ]
 

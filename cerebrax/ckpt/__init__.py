@@ -14,10 +14,10 @@ from ._background import SaveHandle as SaveHandle
 from ._background import wait as wait
 from ._format import FORMAT_VERSION as FORMAT_VERSION
 from ._lazy import LazyArray as LazyArray
+from ._lazy import to_torch as to_torch
 from ._load import is_checkpoint as is_checkpoint
 from ._load import load as load
 from ._save import clean_temporary_files as clean_temporary_files
 from ._save import save as save
 from ._torch import convert_h5_to_torch as convert_h5_to_torch
 from ._torch import convert_torch_to_h5 as convert_torch_to_h5
-from ._torch import to_torch as to_torch

@@ -10,7 +10,7 @@ import numpy as np
 from cerebrax.errors import CheckpointError
 
 from ._format import SUPPORTED_DTYPES, KeyPath, brackets, describe, dotted, escape
-from ._lazy import LazyArray
+from ._lazy import array_kind
 
 
 class Leaf(NamedTuple):
@@ -98,23 +98,6 @@ def _check_key(key: Any, path: KeyPath) -> str | int:
         f"Cannot save the dict at key {dotted(path)!r}: its key {key!r} has type "
         f"{type(key).__qualname__}; checkpoint dict keys must be str or int."
     )
-
-
-def array_kind(node: Any) -> str | None:
-    """What kind of array ``node`` is, or None for anything else."""
-    if isinstance(node, LazyArray):
-        return node.info.kind  # saved again as what it was saved as
-    torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
-    if torch is not None and isinstance(node, torch.Tensor):
-        return "torch"
-    jax = sys.modules.get("jax")  # likewise for jax arrays
-    if jax is not None and isinstance(node, jax.Array):
-        return "jax"
-    if isinstance(node, np.ndarray):
-        return "numpy"
-    if isinstance(node, np.generic):
-        return "numpy_scalar"
-    return None
 
 
 def _dtype_name(node: Any, kind: str) -> str:

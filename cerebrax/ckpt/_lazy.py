@@ -1,8 +1,11 @@
-"""Lazy array leaves: an open checkpoint file and the arrays read from it on access."""
+"""Lazy array leaves: an open checkpoint file and the arrays read from it on access; what
+kind of array a leaf is, and a tree's arrays as torch tensors (a lazy array given to a
+torch function is read as one)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any
@@ -269,8 +272,6 @@ class LazyArray(np.lib.mixins.NDArrayOperatorsMixin):
                            kwargs: dict | None = None) -> Any:
         """torch reads a lazy array as a tensor: ``load_state_dict`` of a plain torch
         module, ``tensor.copy_(x)``, ``torch.equal(x, t)`` and other torch functions."""
-        from ._torch import to_torch
-
         return func(*to_torch(tuple(args)), **to_torch(dict(kwargs or {})))
 
     def __len__(self) -> int:
@@ -312,3 +313,56 @@ class LazyArray(np.lib.mixins.NDArrayOperatorsMixin):
             f"LazyArray(key={self.key!r}, shape={self.shape}, dtype={self.dtype.name}, "
             f"file={self.filename!r})"
         )
+
+
+def array_kind(node: Any) -> str | None:
+    """What kind of array ``node`` is, or None for anything else."""
+    if isinstance(node, LazyArray):
+        return node.info.kind  # saved again as what it was saved as
+    torch = sys.modules.get("torch")  # a tensor exists only if torch was imported
+    if torch is not None and isinstance(node, torch.Tensor):
+        return "torch"
+    jax = sys.modules.get("jax")  # likewise for jax arrays
+    if jax is not None and isinstance(node, jax.Array):
+        return "jax"
+    if isinstance(node, np.ndarray):
+        return "numpy"
+    if isinstance(node, np.generic):
+        return "numpy_scalar"
+    return None
+
+
+def to_torch(tree: Any) -> Any:
+    """A copy of ``tree`` with every array (lazy, numpy, jax) as a torch tensor.
+
+    Example:
+      >>> import numpy as np, cerebrax.ckpt as ckpt
+      >>> ckpt.save({"w": np.ones(2, np.float16)}, "/tmp/to_torch_doc.h5")
+      >>> ckpt.to_torch(ckpt.load("/tmp/to_torch_doc.h5"))["w"].dtype
+      torch.float16
+    """
+    torch = _import_torch()
+    if isinstance(tree, dict):
+        return {key: to_torch(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        items = [to_torch(value) for value in tree]
+        return items if isinstance(tree, list) else tuple(items)
+    if isinstance(tree, LazyArray) or array_kind(tree) in ("jax", "numpy", "numpy_scalar"):
+        return _tensor(torch, np.array(tree))  # reads a lazy array; a writable copy
+    return tree
+
+
+def _tensor(torch: Any, array: np.ndarray) -> Any:
+    if array.dtype.name == "bfloat16":  # torch has no numpy bf16: go through the bits
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as error:
+        raise CheckpointError(
+            "Converting to or from torch files needs torch: pip install torch"
+        ) from error
+    return torch

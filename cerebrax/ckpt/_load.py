@@ -33,7 +33,7 @@ from ._format import (
     text_digest,
 )
 from ._flatten import torch_to_numpy
-from ._lazy import ArrayInfo, LazyArray, Source
+from ._lazy import ArrayInfo, LazyArray, Source, to_torch
 from ._seal import Seal, read_seal
 from ._torch_file import is_torch_file, read_torch_file
 
@@ -108,8 +108,6 @@ def load(path: PathLike, map_location: str | None = None, *,
     if is_torch_file(path):
         return _load_torch_file(path, map_location, return_torch)
     if return_torch:
-        from ._torch import to_torch
-
         return to_torch(load(path, map_location, return_torch=False))
     WRITER.settle(path)  # a background save to this path finishes first
     file, version = _open_checkpoint(path)

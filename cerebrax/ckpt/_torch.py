@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
-import numpy as np
-
-from cerebrax.errors import CheckpointError
-
-from ._flatten import array_kind
 from ._format import PathLike
-from ._lazy import LazyArray
+from ._lazy import _import_torch, to_torch
 from ._load import load
 from ._save import atomic_write, save
 from ._torch_file import read_torch_file
@@ -48,39 +42,3 @@ def convert_h5_to_torch(src: PathLike, dst: PathLike) -> None:
     torch = _import_torch()
     tree = to_torch(load(src))
     atomic_write(os.path.abspath(os.fspath(dst)), lambda temp: torch.save(tree, temp))
-
-
-def to_torch(tree: Any) -> Any:
-    """A copy of ``tree`` with every array (lazy, numpy, jax) as a torch tensor.
-
-    Example:
-      >>> import numpy as np, cerebrax.ckpt as ckpt
-      >>> ckpt.save({"w": np.ones(2, np.float16)}, "/tmp/to_torch_doc.h5")
-      >>> ckpt.to_torch(ckpt.load("/tmp/to_torch_doc.h5"))["w"].dtype
-      torch.float16
-    """
-    torch = _import_torch()
-    if isinstance(tree, dict):
-        return {key: to_torch(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        items = [to_torch(value) for value in tree]
-        return items if isinstance(tree, list) else tuple(items)
-    if isinstance(tree, LazyArray) or array_kind(tree) in ("jax", "numpy", "numpy_scalar"):
-        return _tensor(torch, np.array(tree))  # reads a lazy array; a writable copy
-    return tree
-
-
-def _tensor(torch: Any, array: np.ndarray) -> Any:
-    if array.dtype.name == "bfloat16":  # torch has no numpy bf16: go through the bits
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
-
-
-def _import_torch() -> Any:
-    try:
-        import torch
-    except ImportError as error:
-        raise CheckpointError(
-            "Converting to or from torch files needs torch: pip install torch"
-        ) from error
-    return torch

@@ -23,6 +23,7 @@ import jax
 from .._filters import check_int
 from ..errors import ConfigError, StateError
 from . import _streamers, _workers
+from ._executor import DataExecutor
 
 __all__ = ["DataLoader", "compute_num_steps", "to_device"]
 
@@ -335,8 +336,6 @@ class DataLoader:
             stream.close()
 
     def __iter__(self) -> Iterator[Any]:
-        from ._executor import DataExecutor
-
         yield from DataExecutor(self)
 
     # ---- resuming -----------------------------------------------------------------------------

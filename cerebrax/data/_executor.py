@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _closures
 from .._filters import check_int
 from .._runtime import RUNTIME
 from ..backend import current_backend, run_config
 from ..errors import ConfigError, StateError
-from ._dataloader import DataLoader
 from ._profiler import Profiler
 from ._progress import ProgressBar
 from ._schedule import Schedule
+
+if TYPE_CHECKING:
+    from ._dataloader import DataLoader
 
 __all__ = ["DataExecutor", "batch_placement", "current_executor", "current_executor_or_none"]
 
@@ -102,7 +104,9 @@ class DataExecutor:
         *,
         progress_bar: bool | str | None = False,
     ):
-        if not isinstance(dataloader, DataLoader):
+        # A cstorch DataLoader is what gives its batches per device (the DataLoader, in
+        # turn, iterates through a DataExecutor: the module cannot be imported here).
+        if not callable(getattr(dataloader, "batches", None)):
             raise ConfigError(
                 "DataExecutor expects a cstorch.utils.data.DataLoader, got "
                 f"{type(dataloader).__name__}. Wrap the data: "

@@ -184,7 +184,7 @@ class Session:
         if exc_type is None and self._user_optimizer is not self.optimizer:
             # The torch optimizer the script holds gets the trained state back, so
             # saving it (optimizer.state_dict()) after the block saves this run.
-            from ..ckpt._torch import to_torch
+            from ..ckpt import to_torch
 
             self._user_optimizer.load_state_dict(to_torch(self.optimizer.state_dict()))
 
