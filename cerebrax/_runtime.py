@@ -8,8 +8,8 @@ its state at import: no backend, no registered state, no queued closures, no str
 It keeps the fields of the last section, each marked ``kept`` with its reason: wiring
 that modules install once, and what cerebrax attached to the user's own objects or to
 open files, which outlive a generation of state.
-tests/test_layering.py checks that no other module-level name of cerebrax changes at run
-time, except the few it lists with their reasons.
+tests/test_layering.py checks that no other module-level name of cerebrax or torch_bridge
+changes at run time, except the few it lists with their reasons.
 
 This module is the bottom layer with :mod:`cerebrax.errors`: it imports no other
 cerebrax module, and its fields hold plain containers.
@@ -126,10 +126,9 @@ class Runtime:
     # (cerebrax.models).
     model_adapters: list = dataclasses.field(default_factory=list,
                                              metadata={"kept": True})
-    # The handle of torch's global optimizer step pre-hook, once installed
+    # The handle of torch's global optimizer step pre-hook once installed, else None
     # (cerebrax.optim).
-    torch_step_hook: list = dataclasses.field(default_factory=list,
-                                              metadata={"kept": True})
+    torch_step_hook: Any = dataclasses.field(default=None, metadata={"kept": True})
     # What cerebrax attached to the user's own objects and to open files. Kept: those
     # objects live on, and the attachments must stay consistent with them.
     # A torch module -> the handles of the hooks compile() installed on it

@@ -105,11 +105,11 @@ _WRITER_FRAMES = 8  # how far up a write to a param group looks for a torch sche
 def install_hook() -> None:
     """Installs the torch optimizer step pre-hook once torch is imported (cerebrax calls
     it before building a traced step's program)."""
-    if RUNTIME.torch_step_hook or "torch" not in sys.modules:
+    if RUNTIME.torch_step_hook is not None or "torch" not in sys.modules:
         return
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    RUNTIME.torch_step_hook.append(register_optimizer_step_pre_hook(_on_torch_step))
+    RUNTIME.torch_step_hook = register_optimizer_step_pre_hook(_on_torch_step)
 
 
 trace.before_build(install_hook)

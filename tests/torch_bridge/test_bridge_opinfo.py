@@ -297,38 +297,34 @@ def samples_of(info: Any, dtype: torch.dtype, limit: int | None) -> list[tuple[i
     the stack's depth; under pytest that was two thirds of this file's time. A new
     thread's stack holds no unittest either, so the samples are the same."""
     with concurrent.futures.ThreadPoolExecutor(1) as thread:
-        return thread.submit(_samples_of, info, dtype, limit).result()
-
-
-def _samples_of(info: Any, dtype: torch.dtype, limit: int | None) -> list[tuple[int, Any]]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _accepted_samples(info, dtype, limit)
+        return thread.submit(_accepted_samples, info, dtype, limit).result()
 
 
 def _accepted_samples(info: Any, dtype: torch.dtype, limit: int | None
                       ) -> list[tuple[int, Any]]:
-    name = full_name(info)
-    torch.manual_seed(0)
-    kept = []
-    generator = info.sample_inputs("cpu", dtype, requires_grad=False)
-    try:
-        for i, sample in enumerate(generator):
-            if limit is not None and len(kept) >= limit:
-                break
-            if f"{name}[{i}]" in SKIPS:
-                continue
-            try:
-                _Calls(info.op, [sample])(*_Calls(info.op, [sample]).tensors())
-            except Exception:  # noqa: BLE001  (e.g. a sample for another device)
-                continue
-            kept.append((i, sample))
-    finally:
-        # Run to its end: left to the garbage collector, a sample generator stopped at the
-        # cap can be finalized inside torch.export's tracing, which raises in its cleanup.
-        for _ in generator:
-            pass
-    return kept
+    with warnings.catch_warnings():  # the check's own filter, in the sampling thread too
+        warnings.simplefilter("ignore")
+        name = full_name(info)
+        torch.manual_seed(0)
+        kept = []
+        generator = info.sample_inputs("cpu", dtype, requires_grad=False)
+        try:
+            for i, sample in enumerate(generator):
+                if limit is not None and len(kept) >= limit:
+                    break
+                if f"{name}[{i}]" in SKIPS:
+                    continue
+                try:
+                    _Calls(info.op, [sample])(*_Calls(info.op, [sample]).tensors())
+                except Exception:  # noqa: BLE001  (e.g. a sample for another device)
+                    continue
+                kept.append((i, sample))
+        finally:
+            # Run to its end: left to the garbage collector, a sample generator stopped at the
+            # cap can be finalized inside torch.export's tracing, which raises in its cleanup.
+            for _ in generator:
+                pass
+        return kept
 
 
 @functools.cache
