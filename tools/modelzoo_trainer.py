@@ -24,7 +24,10 @@ that this script writes), in a fresh folder:
 
 Model Zoo is not a dependency of cerebrax and is never imported by it: this script runs
 where a Model Zoo checkout is installed (``pip install --no-deps -e CHECKOUT``, see
-docs/modelzoo.md) so that ``cszoo`` is on PATH.
+docs/porting/modelzoo.md) so that ``cszoo`` is on PATH, with cerebrax's ``tensorboard``
+extra (it reads the Trainer's losses back from its event files). Install that extra
+before Model Zoo's pins: pip would otherwise raise pydantic past the 2.8.2 that Model Zoo's
+config classes need.
 
     python tools/modelzoo_trainer.py CHECKOUT [--cases fc_mnist,gpt2,llama] [--workdir DIR]
 
