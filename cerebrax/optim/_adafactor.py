@@ -9,7 +9,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._base import ParamsT
-from ._optax_optimizer import OptaxOptimizer, stack_like
+from ._declared import TorchOptimizer, at_least_zero, check, declared
+from ._optax_optimizer import stack_like
 from .transforms._adafactor import RelativeStepState, TorchAdafactorState, adafactor
 
 __all__ = ["Adafactor"]
@@ -57,7 +58,7 @@ def _reject_cstorch_only(beta1: float | None, scale_parameter: bool | None,
         )
 
 
-class Adafactor(OptaxOptimizer):
+class Adafactor(TorchOptimizer):
     """Adafactor with torch.optim.Adafactor's signature and numerics.
 
     As in cstorch, ``lr`` has no default (torch's is ``1e-2``). ``eps`` keeps torch's
@@ -87,70 +88,57 @@ class Adafactor(OptaxOptimizer):
       ``eps[0]`` and decays weights by ``lr * weight_decay``.
 
     Example:
-      >>> compiled = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
-      >>> optimizer = cstorch.optim.Adafactor(compiled.parameters(), lr=1e-2)
+      >>> model = cstorch.compile(torch.nn.Linear(4, 2), cstorch.backend("CPU"))
+      >>> optimizer = cstorch.optim.Adafactor(model.parameters(), lr=1e-2)
       >>> @cstorch.trace
-      ... def train_step(inputs, targets):
-      ...     loss = torch.nn.functional.mse_loss(compiled(inputs), targets)
-      ...     optimizer.zero_grad()
-      ...     loss.backward()
+      ... def train_step(inputs):
+      ...     model(inputs).square().mean().backward()
       ...     optimizer.step()
-      ...     return loss
-      >>> loss = train_step(torch.ones(8, 4), torch.zeros(8, 2))
+      >>> train_step(torch.ones(8, 4))
       >>> state = optimizer.state_dict()["state"]
       >>> sorted(state[0]), sorted(state[1])  # the weight's factored state, the bias's full one
       (['col_var', 'row_var', 'step'], ['step', 'variance'])
     """
 
     _static_hyperparameters = ("eps",)
+    _factory = adafactor
+    _checks = (
+        at_least_zero("lr", "Learning rate should be >= 0 but is: {}"),
+        lambda o: check(0.0 >= o["beta2_decay"],
+                        f"beta2_decay should be <= 0 but is: {o['beta2_decay']}"),
+        lambda o: check(len(o["eps"]) == 2,
+                        f"Invalid eps: {o['eps']!r} (expected (eps1 or None, eps2))"),
+        lambda o: check(o["eps"][0] is None or 0.0 <= o["eps"][0],
+                        f"epsilon1 should be >= 0 but is: {o['eps'][0]}"),
+        lambda o: check(0.0 <= o["eps"][1], f"epsilon2 should be >= 0 but is: {o['eps'][1]}"),
+        lambda o: check(1.0 <= o["d"], f"Clipping threshold d should be >= 1 but is: {o['d']}"),
+        at_least_zero("weight_decay", "weight_decay should be >= 0 but is: {}"),
+    )
 
-    def __init__(
-        self,
-        params: ParamsT,
-        lr: float,
-        beta2_decay: float = -0.8,
-        eps: tuple[float | None, float] = (None, 1e-3),
-        d: float = 1.0,
-        weight_decay: float = 0.0,
-        *,
-        foreach: bool | None = None,
-        maximize: bool = False,
-        differentiable: bool = False,
-        decay_rate: float | None = None,
-        clip_threshold: float | None = None,
-        beta1: float | None = None,
-        scale_parameter: bool | None = None,
-        relative_step: bool | None = None,
-        warmup_init: bool | None = None,
-    ):
-        if differentiable:
-            raise ConfigError("Adafactor(differentiable=True) is not supported by cerebrax")
-        _reject_cstorch_only(beta1, scale_parameter, relative_step, warmup_init)
-        beta2_decay = _alias("beta2_decay", beta2_decay, -0.8, "decay_rate", decay_rate)
-        d = _alias("d", d, 1.0, "clip_threshold", clip_threshold)
-        if not 0.0 <= lr:
-            raise ConfigError(f"Learning rate should be >= 0 but is: {lr}")
-        if not 0.0 >= beta2_decay:
-            raise ConfigError(f"beta2_decay should be <= 0 but is: {beta2_decay}")
-        if len(eps) != 2:
-            raise ConfigError(f"Invalid eps: {eps!r} (expected (eps1 or None, eps2))")
-        if eps[0] is not None and not 0.0 <= eps[0]:
-            raise ConfigError(f"epsilon1 should be >= 0 but is: {eps[0]}")
-        if not 0.0 <= eps[1]:
-            raise ConfigError(f"epsilon2 should be >= 0 but is: {eps[1]}")
-        if not 1.0 <= d:
-            raise ConfigError(f"Clipping threshold d should be >= 1 but is: {d}")
-        if not 0.0 <= weight_decay:
-            raise ConfigError(f"weight_decay should be >= 0 but is: {weight_decay}")
-        del foreach
-        defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=tuple(eps), d=d,
-                        weight_decay=weight_decay, maximize=maximize)
-        super().__init__(params, defaults)
+    @declared
+    def __init__(self, params: ParamsT, lr: float, beta2_decay: float = -0.8,
+                 eps: tuple[float | None, float] = (None, 1e-3), d: float = 1.0,
+                 weight_decay: float = 0.0, *, foreach: bool | None = None,
+                 maximize: bool = False, differentiable: bool = False,
+                 decay_rate: float | None = None, clip_threshold: float | None = None,
+                 beta1: float | None = None, scale_parameter: bool | None = None,
+                 relative_step: bool | None = None, warmup_init: bool | None = None): ...
 
-    def _transform(self, group: Any):
-        eps1, eps2 = group["eps"]
-        return adafactor(group["lr"], group["beta2_decay"], eps1, eps2, group["d"],
-                         group["weight_decay"], maximize=group["maximize"])
+    def _prepare(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Refuses cstorch's arguments torch has no equivalent for and resolves its
+        aliases (``decay_rate``, ``clip_threshold``)."""
+        _reject_cstorch_only(*(options.pop(name) for name in (
+            "beta1", "scale_parameter", "relative_step", "warmup_init")))
+        options["beta2_decay"] = _alias("beta2_decay", options["beta2_decay"], -0.8,
+                                        "decay_rate", options.pop("decay_rate"))
+        options["d"] = _alias("d", options["d"], 1.0, "clip_threshold",
+                              options.pop("clip_threshold"))
+        return options
+
+    def _factory_arguments(self, group: Any) -> dict[str, Any]:
+        arguments = super()._factory_arguments(group)
+        arguments["eps1"], arguments["eps2"] = arguments.pop("eps")
+        return arguments
 
     def state_names_to_sparsify(self) -> list[str]:
         return ["variance"]

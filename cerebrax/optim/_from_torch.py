@@ -17,19 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from ._adadelta import Adadelta
 from ._adafactor import Adafactor
-from ._adagrad import Adagrad
-from ._adam import Adam
-from ._adamax import Adamax
-from ._adamw import AdamW
-from ._asgd import ASGD
 from ._base import Optimizer
-from ._nadam import NAdam
-from ._radam import RAdam
-from ._rmsprop import RMSprop
-from ._rprop import Rprop
-from ._sgd import SGD
+from ._torch_optimizers import (ASGD, SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, NAdam,
+                                RAdam, RMSprop, Rprop)
 
 __all__ = ["HARMLESS_OPTIONS", "TORCH_EQUIVALENTS", "check_convertible", "from_torch"]
 

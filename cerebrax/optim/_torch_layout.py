@@ -2,12 +2,18 @@
 
 cerebrax keeps one optax state per param group, a NamedTuple with torch's key names and
 ``count`` for torch's ``step``; ``state_dict()`` and ``load_state_dict()`` speak torch's
-layout, one entry per parameter. :class:`AdamLayout` serves the Adam family (per-group
-scalars such as NAdam's ``mu_product`` are named, missing buffers are a
-:class:`~cerebrax.errors.StateError`); :class:`AdaptiveLayout` serves Adagrad, Adadelta,
-ASGD, RMSprop and Rprop (scalar fields repeated per parameter, fields reset to a fill
-value, state that may exist before the first step). Also the argument checks these
-classes share.
+layout, one entry per parameter. A layout is a mixin of a
+:class:`~cerebrax.optim._declared.TorchOptimizer` that names the NamedTuple
+(``_state_type``) and its per-group scalars (``_scalar_fields``); every other field but
+``count`` holds one array per parameter (``()`` when the settings leave it unused).
+
+- :class:`AdamLayout`: the Adam family; no state before the first step, and a missing
+  buffer is a :class:`~cerebrax.errors.StateError`.
+- :class:`AdaptiveLayout`: Adagrad, Adadelta, ASGD, RMSprop and Rprop; fields reset to a
+  fill value, and state that may exist before the first step.
+- :class:`MomentLayout`: Lamb and Lion, whose moments exist from the start and whose
+  update does not depend on the step.
+- :class:`MomentumLayout`: SGD and Muon, a momentum buffer and no step count.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 from ..errors import ConfigError, StateError
 from ._optax_optimizer import OptaxOptimizer, stack_like
 
-__all__ = ["AdamLayout", "AdaptiveLayout", "check", "refuse_differentiable"]
+__all__ = ["AdamLayout", "AdaptiveLayout", "MomentLayout", "MomentumLayout"]
 
 _MSG_MISSING = (
     "loaded {opt} state has a step count but no {key!r}; it was saved with other "
@@ -28,39 +34,23 @@ _MSG_MISSING = (
 )
 
 
-def check(ok: bool, message: str) -> None:
-    """Raises ConfigError with ``message`` unless ``ok`` (torch's argument checks)."""
-    if not ok:
-        raise ConfigError(message)
-
-
 def _absent(value: Any) -> bool:
     """Whether a state field is an absent buffer (``()``)."""
     return isinstance(value, tuple) and not value
 
 
-def refuse_differentiable(name: str, differentiable: bool) -> None:
-    """Rejects ``differentiable=True``, which torch accepts and cerebrax cannot honour."""
-    if differentiable:
-        raise ConfigError(
-            f"{name}(differentiable=True) is not supported by cerebrax: the step is compiled "
-            "and is not differentiated through; drop the argument"
-        )
-
-
-class AdamLayout(OptaxOptimizer):
-    """Maps the group's ``scale_by_torch_*`` state to torch's per-parameter entries.
-
-    ``_state_type`` is the NamedTuple of that state: its ``count`` is torch's ``step``,
-    ``_scalar_fields`` are per-group float32 scalars that torch keeps per parameter,
-    every other field is a list with one array per parameter (``()`` when unused).
-    """
+class _Layout(OptaxOptimizer):
+    """What the layouts share: finding the group's state, its fields, one scalar."""
 
     _state_type: type[NamedTuple]
     _scalar_fields: tuple[str, ...] = ()
 
-    def _find(self, group_state: Any) -> Any:
-        return next(p for p in group_state if isinstance(p, self._state_type))
+    def _own(self, group_state: Any) -> Any:
+        """The group's ``_state_type`` part of its chain's state (None where absent)."""
+        return next((p for p in group_state if isinstance(p, self._state_type)), None)
+
+    def _replaced(self, template: Any, new: Any) -> Any:
+        return tuple(new if isinstance(p, self._state_type) else p for p in template)
 
     def _tensor_fields(self) -> list[str]:
         return [
@@ -69,22 +59,6 @@ class AdamLayout(OptaxOptimizer):
 
     def state_names_to_sparsify(self) -> list[str]:
         return self._tensor_fields()
-
-    def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
-        state = self._find(group_state)
-        if int(state.count) == 0:  # torch has no state before the first step
-            return [{} for _ in range(n)]
-        out = []
-        for j in range(n):
-            entry: dict[str, Any] = {"step": np.float32(state.count)}
-            for name in self._state_type._fields[1:]:
-                value = getattr(state, name)
-                if name in self._scalar_fields:
-                    entry[name] = np.float32(value)
-                elif len(value):
-                    entry[name] = value[j]
-            out.append(entry)
-        return out
 
     def _one_scalar(self, per_param: list[dict[str, Any]], key: str) -> float | None:
         """The value of a per-parameter scalar, which must be the same for all."""
@@ -99,11 +73,43 @@ class AdamLayout(OptaxOptimizer):
             )
         return values.pop()
 
+    def _all_or_none(self, per_param: list[dict[str, Any]], key: str) -> bool:
+        """Whether every parameter's entry has ``key``; an error where only some do."""
+        present = [s.get(key) is not None for s in per_param]
+        if any(present) and not all(present):
+            raise ConfigError(
+                f"loaded {type(self).__name__} state has {key!r} for only some parameters "
+                "of a group; give it for every parameter of the group or for none (save "
+                "and load the whole optimizer)"
+            )
+        return all(present) and bool(present)
+
+
+class AdamLayout(_Layout):
+    """The Adam family: torch has no state before the first step; afterwards every
+    parameter's entry has ``step``, the scalars and the buffers the settings use."""
+
+    def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
+        state = self._own(group_state)
+        if int(state.count) == 0:  # torch has no state before the first step
+            return [{} for _ in range(n)]
+        out = []
+        for j in range(n):
+            entry: dict[str, Any] = {"step": np.float32(state.count)}
+            for name in self._state_type._fields[1:]:
+                value = getattr(state, name)
+                if name in self._scalar_fields:
+                    entry[name] = np.float32(value)
+                elif len(value):
+                    entry[name] = value[j]
+            out.append(entry)
+        return out
+
     def _from_torch_state(self, per_param: list[dict[str, Any]], template: Any) -> Any:
-        state = self._find(template)
+        state = self._own(template)
         step = self._one_scalar(per_param, "step")
         new = self._initial(state) if step is None else self._loaded(state, per_param, step)
-        return tuple(new if isinstance(p, self._state_type) else p for p in template)
+        return self._replaced(template, new)
 
     def _initial(self, state: Any) -> Any:
         """The state before the first step (what torch's empty entries mean)."""
@@ -129,23 +135,16 @@ class AdamLayout(OptaxOptimizer):
         return state._replace(count=jnp.asarray(int(step), jnp.int32), **fields)
 
 
-class AdaptiveLayout(OptaxOptimizer):
-    """Maps one state NamedTuple of the chain to torch's per-parameter state dicts.
+class AdaptiveLayout(_Layout):
+    """Adagrad, Adadelta, ASGD, RMSprop and Rprop: the scalar fields (ASGD's ``eta``
+    and ``mu``) are repeated for every parameter, and a state dict with no entries
+    resets every field to its fill value."""
 
-    Fields holding one array per parameter become per-parameter tensors; scalar
-    fields (ASGD's ``eta`` and ``mu``) are repeated for every parameter; ``()`` fields
-    are absent buffers.
-    """
-
-    _state_type: type[NamedTuple]
     _state_before_first_step = False  # torch creates the state in __init__ (Adagrad)
 
     def _fill(self, field: str) -> float:
         """The value a field starts at (a state dict with no entries resets to it)."""
         return 0.0
-
-    def _own(self, group_state: Any) -> Any:
-        return next(p for p in group_state if isinstance(p, self._state_type))
 
     def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
         own = self._own(group_state)
@@ -156,17 +155,15 @@ class AdaptiveLayout(OptaxOptimizer):
             entry = {"step": np.float32(own.count)}
             for field in own._fields[1:]:
                 value = getattr(own, field)
-                if isinstance(value, (list, tuple)):
-                    if not _absent(value):
-                        entry[field] = value[j]
-                else:
+                if field in self._scalar_fields:
                     entry[field] = np.float32(value)
+                elif not _absent(value):
+                    entry[field] = value[j]
             out.append(entry)
         return out
 
     def _from_torch_state(self, per_param: list[dict[str, Any]], template: Any) -> Any:
         own = self._own(template)
-        name = type(self).__name__
         fields = [f for f in own._fields[1:] if not _absent(getattr(own, f))]
         if not any(per_param):
             new = own._replace(count=jnp.zeros((), jnp.int32), **{
@@ -176,14 +173,14 @@ class AdaptiveLayout(OptaxOptimizer):
             for entry in per_param:
                 if sorted(entry) != expected:
                     raise ConfigError(
-                        f"loaded {name} state has keys {sorted(entry)}, this optimizer keeps "
-                        f"{expected} for every parameter; build it with the same settings "
-                        "(momentum, centered) as the optimizer that saved the state"
+                        f"loaded {type(self).__name__} state has keys {sorted(entry)}, this "
+                        f"optimizer keeps {expected} for every parameter; build it with the "
+                        "same settings (momentum, centered) as the optimizer that saved the state"
                     )
             values = {f: self._loaded(per_param, f, getattr(own, f)) for f in fields}
-            step = self._loaded_scalar(per_param, "step")
+            step = self._one_scalar(per_param, "step")
             new = own._replace(count=jnp.asarray(int(step), jnp.int32), **values)
-        return tuple(new if isinstance(p, self._state_type) else p for p in template)
+        return self._replaced(template, new)
 
     def _reset(self, field: str, like: Any) -> Any:
         if isinstance(like, list):
@@ -193,13 +190,51 @@ class AdaptiveLayout(OptaxOptimizer):
     def _loaded(self, per_param: list[dict[str, Any]], field: str, like: Any) -> Any:
         if isinstance(like, list):
             return stack_like(like, [s[field] for s in per_param], field)
-        return jnp.asarray(self._loaded_scalar(per_param, field), like.dtype)
+        return jnp.asarray(self._one_scalar(per_param, field), like.dtype)
 
-    def _loaded_scalar(self, per_param: list[dict[str, Any]], field: str) -> float:
-        values = {float(np.asarray(s[field])) for s in per_param}
-        if len(values) != 1:
-            raise ConfigError(
-                f"loaded {type(self).__name__} state has different {field!r} values per "
-                f"parameter ({sorted(values)}); cerebrax keeps one per param group"
-            )
-        return values.pop()
+
+class MomentLayout(_Layout):
+    """Lamb and Lion: like cstorch, which allocates the moments when the optimizer is
+    built, every parameter has its moments in ``state_dict()`` from the start (zeros
+    before the first step). The step count is not part of that layout: a loaded state
+    restarts it at 0, which changes nothing in the update."""
+
+    def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
+        state = self._own(group_state)
+        return [{name: getattr(state, name)[j] for name in self._tensor_fields()}
+                for j in range(n)]
+
+    def _from_torch_state(self, per_param: list[dict[str, Any]], template: Any) -> Any:
+        state = self._own(template)
+        fields = {}
+        for name in self._tensor_fields():
+            like = getattr(state, name)
+            if self._all_or_none(per_param, name):
+                fields[name] = stack_like(like, [s[name] for s in per_param], name)
+            else:
+                fields[name] = [jnp.zeros_like(x) for x in like]
+        return self._replaced(template, state._replace(count=jnp.zeros((), jnp.int32), **fields))
+
+
+class MomentumLayout(_Layout):
+    """SGD and Muon: ``momentum_buffer`` per parameter once a step has run, nothing
+    before (nor for a group without momentum, whose chain has no such state)."""
+
+    def _torch_state(self, group_state: Any, n: int) -> list[dict[str, Any]]:
+        state = self._own(group_state)
+        if state is None or int(state.count) == 0:
+            return [{} for _ in range(n)]
+        return [{"momentum_buffer": b} for b in state.momentum_buffer]
+
+    def _from_torch_state(self, per_param: list[dict[str, Any]], template: Any) -> Any:
+        state = self._own(template)
+        if state is None:
+            return template
+        if self._all_or_none(per_param, "momentum_buffer"):
+            new = state._replace(count=jnp.ones((), jnp.int32), momentum_buffer=stack_like(
+                state.momentum_buffer, [s["momentum_buffer"] for s in per_param],
+                "momentum_buffer"))
+        else:
+            new = state._replace(count=jnp.zeros((), jnp.int32),
+                                 momentum_buffer=[jnp.zeros_like(b) for b in state.momentum_buffer])
+        return self._replaced(template, new)

@@ -15,8 +15,7 @@ import pytest
 from helpers import rel_err
 
 import cerebrax as cstorch
-from cerebrax.optim._adafactor import Adafactor
-from cerebrax.optim._lamb_lion import Lamb, Lion
+from cerebrax.optim import Adafactor, Lamb, Lion
 from cerebrax.optim.transforms._adafactor import adafactor
 from cerebrax.optim.transforms._lamb_lion import lamb, lion
 

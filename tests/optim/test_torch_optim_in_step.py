@@ -227,8 +227,8 @@ def test_from_torch_builds_each_group_with_its_own_options():
                                  {"params": module[1].parameters()}], lr=0.1)
     converted = cstorch.optim.from_torch(torch_sgd)
     assert [g["momentum"] for g in converted.param_groups] == [0.9, 0.0]
-    assert converted._uses_momentum(converted.param_groups[0])
-    assert not converted._uses_momentum(converted.param_groups[1])
+    uses = [converted._factory_arguments(g)["use_momentum"] for g in converted.param_groups]
+    assert uses == [True, False]
 
 
 @pytest.mark.parametrize("name", TORCH_EQUIVALENTS)

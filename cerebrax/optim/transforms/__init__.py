@@ -2,6 +2,48 @@
 
 A JAX user needs none of the stateful classes: ``cerebrax.optim.transforms.adamw(...)``
 is an ``optax.GradientTransformation`` like any other.
+
+Example:
+  The parameter after the first update of each factory (the gradient is the parameter,
+  ``jnp.ones(2)``, where no other is given):
+
+  >>> from cerebrax.optim import transforms as T
+  >>> def first_step(tx, params=jnp.ones(2), grads=None):
+  ...     params = {"w": params}
+  ...     grads = params if grads is None else {"w": grads}
+  ...     updates, _ = tx.update(grads, tx.init(params), params)
+  ...     return optax.apply_updates(params, updates)["w"]
+  >>> first_step(T.adadelta(1.0, eps=1e-2))
+  Array([0.69848865, 0.69848865], dtype=float32)
+  >>> first_step(T.adafactor(1e-2), params=jnp.ones(3))
+  Array([0.99, 0.99, 0.99], dtype=float32)
+  >>> first_step(T.adagrad(0.1))
+  Array([0.9, 0.9], dtype=float32)
+  >>> first_step(T.adam(1e-3))
+  Array([0.999, 0.999], dtype=float32)
+  >>> first_step(T.adamw(1e-3))
+  Array([0.99899, 0.99899], dtype=float32)
+  >>> first_step(T.adamax(2e-3))
+  Array([0.998, 0.998], dtype=float32)
+  >>> first_step(T.asgd(0.1))
+  Array([0.89998996, 0.89998996], dtype=float32)
+  >>> first_step(T.lamb(1e-2), params=jnp.full(4, 0.5), grads=jnp.ones(4))
+  Array([0.495, 0.495, 0.495, 0.495], dtype=float32)
+  >>> first_step(T.lion(0.1), grads=jnp.array([1.0, -2.0]))
+  Array([0.9, 1.1], dtype=float32)
+  >>> first_step(T.muon(0.02), params=jnp.eye(2)).round(4)
+  Array([[0.9776, 0.    ],
+         [0.    , 0.9776]], dtype=float32)
+  >>> first_step(T.nadam(2e-3))
+  Array([0.9978871, 0.9978871], dtype=float32)
+  >>> first_step(T.radam(1e-3))
+  Array([0.999, 0.999], dtype=float32)
+  >>> first_step(T.rmsprop(0.01))
+  Array([0.90000004, 0.90000004], dtype=float32)
+  >>> first_step(T.rprop(0.1), grads=-jnp.ones(2))
+  Array([1.1, 1.1], dtype=float32)
+  >>> first_step(T.sgd(0.1, momentum=0.9))
+  Array([0.9, 0.9], dtype=float32)
 """
 
 from ._adadelta import AdadeltaState as AdadeltaState

@@ -16,16 +16,8 @@ import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
-from ._common import (
-    ScalarOrSchedule,
-    check_non_negative,
-    is_concrete,
-    maybe_negate,
-    one_minus,
-    rounded,
-    scale_by_learning_rate,
-    zeros,
-)
+from ._common import (ScalarOrSchedule, check_non_negative, is_concrete, maybe_negate, one_minus,
+                      rounded, scale_by_learning_rate, zeros)
 
 __all__ = ["AdadeltaState", "adadelta", "scale_by_torch_adadelta"]
 
@@ -72,13 +64,8 @@ def _check_closed_unit(name: str, value: ArrayLike) -> None:
         raise ConfigError(f"Invalid {name} value: {value!r} (expected 0 <= {name} <= 1)")
 
 
-def adadelta(
-    learning_rate: ScalarOrSchedule = 1.0,
-    rho: float = 0.9,
-    eps: ArrayLike = 1e-6,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    maximize: bool = False,
+def adadelta(learning_rate: ScalarOrSchedule = 1.0, rho: float = 0.9, eps: ArrayLike = 1e-6,
+             weight_decay: ArrayLike = 0.0, *, maximize: bool = False,
 ) -> optax.GradientTransformation:
     """Adadelta, numerically as ``torch.optim.Adadelta``.
 
@@ -89,14 +76,6 @@ def adadelta(
         d = sqrt(u + eps) / sqrt(v + eps) * g
         u = rho * u + (1 - rho) * d^2
         p = p - lr * d
-
-    Example:
-      >>> from cerebrax.optim.transforms import adadelta
-      >>> tx = adadelta(1.0, eps=1e-2)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.69848865, 0.69848865], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     _check_closed_unit("rho", rho)

@@ -154,15 +154,9 @@ def scale_by_relative_step(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def adafactor(
-    learning_rate: ArrayLike = 1e-2,
-    beta2_decay: ArrayLike = -0.8,
-    eps1: float | None = None,
-    eps2: ArrayLike = 1e-3,
-    d: ArrayLike = 1.0,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    maximize: bool = False,
+def adafactor(learning_rate: ArrayLike = 1e-2, beta2_decay: ArrayLike = -0.8,
+              eps1: float | None = None, eps2: ArrayLike = 1e-3, d: ArrayLike = 1.0,
+              weight_decay: ArrayLike = 0.0, *, maximize: bool = False,
 ) -> optax.GradientTransformation:
     """Adafactor, numerically as ``torch.optim.Adafactor``.
 
@@ -185,14 +179,6 @@ def adafactor(
       d: clipping threshold of the update's RMS (>= 1).
       weight_decay: decoupled weight decay, scaled by ``learning_rate``.
       maximize: maximize the objective instead of minimizing it.
-
-    Example:
-      >>> from cerebrax.optim.transforms import adafactor
-      >>> tx = adafactor(1e-2)
-      >>> params = {"w": jnp.ones(3)}
-      >>> updates, _ = tx.update({"w": jnp.ones(3)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.99, 0.99, 0.99], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("epsilon2", eps2)

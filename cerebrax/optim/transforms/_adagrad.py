@@ -15,13 +15,8 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._common import (
-    ScalarOrSchedule,
-    check_non_negative,
-    full,
-    maybe_negate,
-    scale_by_learning_rate,
-)
+from ._common import (ScalarOrSchedule, check_non_negative, full, maybe_negate,
+                      scale_by_learning_rate)
 
 __all__ = ["AdagradState", "adagrad", "scale_by_torch_adagrad"]
 
@@ -56,15 +51,9 @@ def scale_by_torch_adagrad(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def adagrad(
-    learning_rate: ScalarOrSchedule = 1e-2,
-    lr_decay: ArrayLike = 0.0,
-    weight_decay: ArrayLike = 0.0,
-    initial_accumulator_value: float = 0.0,
-    eps: ArrayLike = 1e-10,
-    *,
-    maximize: bool = False,
-) -> optax.GradientTransformation:
+def adagrad(learning_rate: ScalarOrSchedule = 1e-2, lr_decay: ArrayLike = 0.0,
+            weight_decay: ArrayLike = 0.0, initial_accumulator_value: float = 0.0,
+            eps: ArrayLike = 1e-10, *, maximize: bool = False) -> optax.GradientTransformation:
     """Adagrad, numerically as ``torch.optim.Adagrad``.
 
     Update rule (``g`` the gradient, negated when ``maximize``; ``t`` the step)::
@@ -72,14 +61,6 @@ def adagrad(
         g = g + weight_decay * p
         sum = sum + g^2                            # sum_0 = initial_accumulator_value
         p = p - lr / (1 + (t - 1) * lr_decay) * g / (sqrt(sum) + eps)
-
-    Example:
-      >>> from cerebrax.optim.transforms import adagrad
-      >>> tx = adagrad(0.1)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.9, 0.9], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("lr_decay", lr_decay)

@@ -8,6 +8,8 @@ product as torch does and a long run does not drift from torch's parameters.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -17,16 +19,8 @@ import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
-from ._common import (
-    check_in_unit_interval,
-    check_non_negative,
-    lerp,
-    maybe_negate,
-    one_minus,
-    one_minus_power,
-    scale_by_learning_rate,
-    zeros,
-)
+from ._common import (check_in_unit_interval, check_non_negative, lerp, maybe_negate, one_minus,
+                      one_minus_power, scale_by_learning_rate, zeros)
 
 __all__ = [
     "TorchAdamState",
@@ -46,13 +40,8 @@ class TorchAdamState(NamedTuple):
     max_exp_avg_sq: optax.Updates  # running max of exp_avg_sq (amsgrad); else empty
 
 
-def scale_by_torch_adam(
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    *,
-    amsgrad: bool = False,
-    correct_bias: bool = True,
+def scale_by_torch_adam(b1: ArrayLike = 0.9, b2: ArrayLike = 0.999, eps: ArrayLike = 1e-8, *,
+                        amsgrad: bool = False, correct_bias: bool = True,
 ) -> optax.GradientTransformation:
     """Rescales updates with torch's Adam moments.
 
@@ -86,15 +75,6 @@ def scale_by_torch_adam(
         return out, TorchAdamState(count, m, v, vmax)
 
     return optax.GradientTransformation(init_fn, update_fn)
-
-
-def check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay) -> None:
-    """The hyperparameter checks every Adam-family factory makes."""
-    check_non_negative("learning_rate", learning_rate)
-    check_non_negative("epsilon", eps)
-    check_non_negative("weight_decay", weight_decay)
-    check_in_unit_interval("beta1", b1)
-    check_in_unit_interval("beta2", b2)
 
 
 def _one_minus_float32_factor(lr: ArrayLike, weight_decay: ArrayLike) -> ArrayLike:
@@ -144,37 +124,39 @@ def add_decoupled_weight_decay(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def with_weight_decay(
-    scale_by: optax.GradientTransformation,
-    learning_rate: ArrayLike,
-    weight_decay: ArrayLike,
-    *,
-    maximize: bool,
-    decoupled: bool,
-) -> optax.GradientTransformation:
-    """``maximize``, then L2 (``g + wd * p``) or decoupled (``p * (1 - lr * wd)``) decay.
+def _check_adam_family(learning_rate, b1, b2, eps, weight_decay) -> None:
+    """The hyperparameter checks every Adam-family factory makes."""
+    check_non_negative("learning_rate", learning_rate)
+    check_non_negative("epsilon", eps)
+    check_non_negative("weight_decay", weight_decay)
+    check_in_unit_interval("beta1", b1)
+    check_in_unit_interval("beta2", b2)
 
-    The ``scale_by`` state is the third entry of the chain's state for every setting.
+
+def adam_family(scale_by: Callable[[ArrayLike, ArrayLike, ArrayLike],
+                                   optax.GradientTransformation],
+                learning_rate: ArrayLike, b1: ArrayLike, b2: ArrayLike, eps: ArrayLike,
+                weight_decay: ArrayLike, *, maximize: bool, decoupled: bool,
+) -> optax.GradientTransformation:
+    """An Adam-family optimizer around its moment scaling ``scale_by(b1, b2, eps)``.
+
+    The hyperparameter checks every member makes, then ``maximize``, L2 (``g + wd * p``)
+    or decoupled (``p * (1 - lr * wd)``) decay, and the learning rate. The ``scale_by``
+    state is the third entry of the chain's state for every setting.
     """
+    _check_adam_family(learning_rate, b1, b2, eps, weight_decay)
     return optax.chain(
         maybe_negate(maximize),
         optax.identity() if decoupled else optax.add_decayed_weights(weight_decay),
-        scale_by,
+        scale_by(b1, b2, eps),
         scale_by_learning_rate(learning_rate),
         add_decoupled_weight_decay(learning_rate, weight_decay) if decoupled else optax.identity(),
     )
 
 
-def adam(
-    learning_rate: ArrayLike = 1e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    amsgrad: bool = False,
-    maximize: bool = False,
-    decoupled_weight_decay: bool = False,
+def adam(learning_rate: ArrayLike = 1e-3, b1: ArrayLike = 0.9, b2: ArrayLike = 0.999,
+         eps: ArrayLike = 1e-8, weight_decay: ArrayLike = 0.0, *, amsgrad: bool = False,
+         maximize: bool = False, decoupled_weight_decay: bool = False,
 ) -> optax.GradientTransformation:
     """Adam, numerically as ``torch.optim.Adam``.
 
@@ -185,36 +167,15 @@ def adam(
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g^2               # v_max = max(v_max, v) (amsgrad)
         p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-
-    Example:
-      >>> from cerebrax.optim.transforms import adam
-      >>> tx = adam(1e-3)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.999, 0.999], dtype=float32)
     """
-    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
-    return with_weight_decay(
-        scale_by_torch_adam(b1, b2, eps, amsgrad=amsgrad),
-        learning_rate,
-        weight_decay,
-        maximize=maximize,
-        decoupled=decoupled_weight_decay,
-    )
+    return adam_family(functools.partial(scale_by_torch_adam, amsgrad=amsgrad), learning_rate,
+                       b1, b2, eps, weight_decay, maximize=maximize,
+                       decoupled=decoupled_weight_decay)
 
 
-def adamw(
-    learning_rate: ArrayLike = 1e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 1e-2,
-    *,
-    amsgrad: bool = False,
-    maximize: bool = False,
-    correct_bias: bool = True,
-) -> optax.GradientTransformation:
+def adamw(learning_rate: ArrayLike = 1e-3, b1: ArrayLike = 0.9, b2: ArrayLike = 0.999,
+          eps: ArrayLike = 1e-8, weight_decay: ArrayLike = 1e-2, *, amsgrad: bool = False,
+          maximize: bool = False, correct_bias: bool = True) -> optax.GradientTransformation:
     """AdamW, numerically as ``torch.optim.AdamW``.
 
     Update rule (``g`` the gradient, negated when ``maximize``; ``t`` the step)::
@@ -225,16 +186,8 @@ def adamw(
         p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
     ``correct_bias=False`` (cstorch's option) drops both ``1 - b^t`` factors.
-
-    Example:
-      >>> from cerebrax.optim.transforms import adamw
-      >>> tx = adamw(1e-3)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.99899, 0.99899], dtype=float32)
     """
-    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
+    _check_adam_family(learning_rate, b1, b2, eps, weight_decay)
     return optax.chain(
         maybe_negate(maximize),
         scale_by_torch_adam(b1, b2, eps, amsgrad=amsgrad, correct_bias=correct_bias),

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._adam import check_adam_hyperparameters, with_weight_decay
+from ._adam import adam_family
 from ._common import bias_correction, lerp, one_minus, zeros
 
 __all__ = ["TorchAdamaxState", "adamax", "scale_by_torch_adamax"]
@@ -55,14 +55,8 @@ def scale_by_torch_adamax(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def adamax(
-    learning_rate: ArrayLike = 2e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    maximize: bool = False,
+def adamax(learning_rate: ArrayLike = 2e-3, b1: ArrayLike = 0.9, b2: ArrayLike = 0.999,
+           eps: ArrayLike = 1e-8, weight_decay: ArrayLike = 0.0, *, maximize: bool = False,
 ) -> optax.GradientTransformation:
     """Adamax (Adam in the infinity norm), numerically as ``torch.optim.Adamax``.
 
@@ -72,20 +66,6 @@ def adamax(
         m = b1 * m + (1 - b1) * g
         u = max(b2 * u, |g| + eps)
         p = p - lr / (1 - b1^t) * m / u
-
-    Example:
-      >>> from cerebrax.optim.transforms import adamax
-      >>> tx = adamax(2e-3)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.998, 0.998], dtype=float32)
     """
-    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
-    return with_weight_decay(
-        scale_by_torch_adamax(b1, b2, eps),
-        learning_rate,
-        weight_decay,
-        maximize=maximize,
-        decoupled=False,
-    )
+    return adam_family(scale_by_torch_adamax, learning_rate, b1, b2, eps, weight_decay,
+                       maximize=maximize, decoupled=False)

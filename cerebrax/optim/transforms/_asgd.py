@@ -15,15 +15,8 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._common import (
-    ScalarOrSchedule,
-    at,
-    check_non_negative,
-    is_concrete,
-    maybe_negate,
-    rounded,
-    zeros,
-)
+from ._common import (ScalarOrSchedule, at, check_non_negative, is_concrete, maybe_negate, rounded,
+                      zeros)
 
 __all__ = ["ASGDState", "asgd", "scale_by_torch_asgd"]
 
@@ -37,12 +30,8 @@ class ASGDState(NamedTuple):
     ax: optax.Updates  # the averaged parameters
 
 
-def scale_by_torch_asgd(
-    learning_rate: ScalarOrSchedule = 1e-2,
-    lambd: float = 1e-4,
-    alpha: float = 0.75,
-    t0: float = 1e6,
-) -> optax.GradientTransformation:
+def scale_by_torch_asgd(learning_rate: ScalarOrSchedule = 1e-2, lambd: float = 1e-4,
+                        alpha: float = 0.75, t0: float = 1e6) -> optax.GradientTransformation:
     """torch's averaged SGD; the update it returns is the whole parameter change.
 
     With ``eta`` and ``mu`` from the previous step (``eta = lr``, ``mu = 1`` at first)::
@@ -82,14 +71,8 @@ def scale_by_torch_asgd(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def asgd(
-    learning_rate: ScalarOrSchedule = 1e-2,
-    lambd: float = 1e-4,
-    alpha: float = 0.75,
-    t0: float = 1e6,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    maximize: bool = False,
+def asgd(learning_rate: ScalarOrSchedule = 1e-2, lambd: float = 1e-4, alpha: float = 0.75,
+         t0: float = 1e6, weight_decay: ArrayLike = 0.0, *, maximize: bool = False,
 ) -> optax.GradientTransformation:
     """Averaged SGD, numerically as ``torch.optim.ASGD``.
 
@@ -104,14 +87,6 @@ def asgd(
 
     The averaged parameters ``ax`` live in the state; the parameters themselves follow
     plain SGD with the decaying step ``eta``.
-
-    Example:
-      >>> from cerebrax.optim.transforms import asgd
-      >>> tx = asgd(0.1)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.89998996, 0.89998996], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("weight_decay", weight_decay)

@@ -13,13 +13,8 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._common import (
-    check_in_unit_interval,
-    check_non_negative,
-    maybe_negate,
-    one_minus,
-    scale_by_learning_rate,
-)
+from ._common import (check_in_unit_interval, check_non_negative, maybe_negate, one_minus,
+                      scale_by_learning_rate)
 
 __all__ = [
     "LambState",
@@ -106,16 +101,9 @@ def scale_by_clamped_trust_ratio(
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
-def lamb(
-    learning_rate: ArrayLike = 1e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-6,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    adam: bool = False,
-    maximize: bool = False,
-) -> optax.GradientTransformation:
+def lamb(learning_rate: ArrayLike = 1e-3, b1: ArrayLike = 0.9, b2: ArrayLike = 0.999,
+         eps: ArrayLike = 1e-6, weight_decay: ArrayLike = 0.0, *, adam: bool = False,
+         maximize: bool = False) -> optax.GradientTransformation:
     """Lamb, numerically as cstorch's ``Lamb``.
 
     Update rule (``g`` the gradient, negated when ``maximize``), per parameter tensor::
@@ -135,14 +123,6 @@ def lamb(
       weight_decay: coefficient of ``p`` added to the Adam step before the trust ratio.
       adam: drop the trust ratio (plain Adam without bias correction).
       maximize: maximize the objective instead of minimizing it.
-
-    Example:
-      >>> from cerebrax.optim.transforms import lamb
-      >>> tx = lamb(1e-2)
-      >>> params = {"w": jnp.full(4, 0.5)}
-      >>> updates, _ = tx.update({"w": jnp.ones(4)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.495, 0.495, 0.495, 0.495], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("epsilon", eps)
@@ -179,14 +159,8 @@ def scale_by_lion_sign(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def lion(
-    learning_rate: ArrayLike = 1e-4,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.99,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    maximize: bool = False,
-) -> optax.GradientTransformation:
+def lion(learning_rate: ArrayLike = 1e-4, b1: ArrayLike = 0.9, b2: ArrayLike = 0.99,
+         weight_decay: ArrayLike = 0.0, *, maximize: bool = False) -> optax.GradientTransformation:
     """Lion, numerically as cstorch's ``Lion``.
 
     Update rule (``g`` the gradient, negated when ``maximize``)::
@@ -201,14 +175,6 @@ def lion(
       b2: decay of the momentum.
       weight_decay: decoupled weight decay, scaled by the learning rate.
       maximize: maximize the objective instead of minimizing it.
-
-    Example:
-      >>> from cerebrax.optim.transforms import lion
-      >>> tx = lion(0.1)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.array([1.0, -2.0])}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.9, 1.1], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("weight_decay", weight_decay)

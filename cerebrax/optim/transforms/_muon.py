@@ -111,13 +111,8 @@ def check_ns_steps(ns_steps: int) -> int:
     return ns_steps
 
 
-def muon(
-    learning_rate: ArrayLike = 0.02,
-    momentum: ArrayLike = 0.95,
-    weight_decay: ArrayLike = 0.01,
-    *,
-    nesterov: bool = True,
-    ns_steps: int = 5,
+def muon(learning_rate: ArrayLike = 0.02, momentum: ArrayLike = 0.95,
+         weight_decay: ArrayLike = 0.01, *, nesterov: bool = True, ns_steps: int = 5,
 ) -> optax.GradientTransformation:
     """Muon: momentum orthogonalized by Newton-Schulz, with decoupled weight decay.
 
@@ -133,15 +128,6 @@ def muon(
     SGD); one with more dimensions is orthogonalized as ``(shape[0], -1)``. This is
     ``torch.optim.Muon`` with ``adjust_lr_fn="original"``, except that the iteration
     runs in the parameter's dtype (float32) where torch's runs in bfloat16.
-
-    Example:
-      >>> from cerebrax.optim.transforms import muon
-      >>> tx = muon(0.02)
-      >>> params = {"w": jnp.eye(2)}
-      >>> updates, _ = tx.update({"w": jnp.eye(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"].round(4)
-      Array([[0.9776, 0.    ],
-             [0.    , 0.9776]], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("momentum", momentum)

@@ -19,16 +19,9 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from ._adam import check_adam_hyperparameters, with_weight_decay
-from ._common import (
-    bias_correction,
-    check_non_negative,
-    lerp,
-    one_minus,
-    static_float,
-    update_second_moment,
-    zeros,
-)
+from ._adam import adam_family
+from ._common import (bias_correction, check_non_negative, lerp, one_minus, static_float,
+                      update_second_moment, zeros)
 
 __all__ = ["TorchNAdamState", "nadam", "scale_by_torch_nadam"]
 
@@ -62,12 +55,8 @@ def _nadam_momentum(b1: ArrayLike, log_decay: float, t: jax.Array):
     return hi + small, (1.0 - half) + hi * e
 
 
-def scale_by_torch_nadam(
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    momentum_decay: float = 4e-3,
-) -> optax.GradientTransformation:
+def scale_by_torch_nadam(b1: ArrayLike = 0.9, b2: ArrayLike = 0.999, eps: ArrayLike = 1e-8,
+                         momentum_decay: float = 4e-3) -> optax.GradientTransformation:
     """Rescales updates with torch's NAdam moments and momentum schedule.
 
     With ``mu_t = b1 * (1 - 0.5 * 0.96^(t * momentum_decay))`` and
@@ -115,16 +104,9 @@ def _nadam_direction(g, m, denom, grad_coef, avg_coef):
     return (grad_coef * g) / denom + (avg_coef * m) / denom
 
 
-def nadam(
-    learning_rate: ArrayLike = 2e-3,
-    b1: ArrayLike = 0.9,
-    b2: ArrayLike = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    momentum_decay: float = 4e-3,
-    *,
-    maximize: bool = False,
-    decoupled_weight_decay: bool = False,
+def nadam(learning_rate: ArrayLike = 2e-3, b1: ArrayLike = 0.9, b2: ArrayLike = 0.999,
+          eps: ArrayLike = 1e-8, weight_decay: ArrayLike = 0.0, momentum_decay: float = 4e-3, *,
+          maximize: bool = False, decoupled_weight_decay: bool = False,
 ) -> optax.GradientTransformation:
     """NAdam (Adam with Nesterov momentum), numerically as ``torch.optim.NAdam``.
 
@@ -138,21 +120,8 @@ def nadam(
         d = sqrt(v / (1 - b2^t)) + eps
         p = p - lr * (1 - mu_t) / (1 - P_t) * g / d
               - lr * mu_{t+1} / (1 - P_t * mu_{t+1}) * m / d
-
-    Example:
-      >>> from cerebrax.optim.transforms import nadam
-      >>> tx = nadam(2e-3)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.9978871, 0.9978871], dtype=float32)
     """
-    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
     check_non_negative("momentum_decay", momentum_decay)
-    return with_weight_decay(
-        scale_by_torch_nadam(b1, b2, eps, momentum_decay),
-        learning_rate,
-        weight_decay,
-        maximize=maximize,
-        decoupled=decoupled_weight_decay,
-    )
+    return adam_family(lambda b1, b2, eps: scale_by_torch_nadam(b1, b2, eps, momentum_decay),
+                       learning_rate, b1, b2, eps, weight_decay, maximize=maximize,
+                       decoupled=decoupled_weight_decay)

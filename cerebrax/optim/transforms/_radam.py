@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._adam import check_adam_hyperparameters, with_weight_decay
+from ._adam import adam_family
 from ._common import bias_correction, lerp, one_minus, static_float, update_second_moment, zeros
 
 __all__ = ["TorchRAdamState", "radam", "scale_by_torch_radam"]
@@ -119,16 +119,9 @@ def scale_by_torch_radam(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def radam(
-    learning_rate: ArrayLike = 1e-3,
-    b1: ArrayLike = 0.9,
-    b2: float = 0.999,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    maximize: bool = False,
-    decoupled_weight_decay: bool = False,
-) -> optax.GradientTransformation:
+def radam(learning_rate: ArrayLike = 1e-3, b1: ArrayLike = 0.9, b2: float = 0.999,
+          eps: ArrayLike = 1e-8, weight_decay: ArrayLike = 0.0, *, maximize: bool = False,
+          decoupled_weight_decay: bool = False) -> optax.GradientTransformation:
     """RAdam (rectified Adam), numerically as ``torch.optim.RAdam``.
 
     Update rule (``g`` the gradient, negated when ``maximize``; ``t`` the step)::
@@ -143,20 +136,6 @@ def radam(
         r_t = sqrt((rho_t - 4) (rho_t - 2) rho_inf / ((rho_inf - 4) (rho_inf - 2) rho_t))
 
     ``b2`` must be a Python number (see :func:`scale_by_torch_radam`).
-
-    Example:
-      >>> from cerebrax.optim.transforms import radam
-      >>> tx = radam(1e-3)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.999, 0.999], dtype=float32)
     """
-    check_adam_hyperparameters(learning_rate, b1, b2, eps, weight_decay)
-    return with_weight_decay(
-        scale_by_torch_radam(b1, b2, eps),
-        learning_rate,
-        weight_decay,
-        maximize=maximize,
-        decoupled=decoupled_weight_decay,
-    )
+    return adam_family(scale_by_torch_radam, learning_rate, b1, b2, eps, weight_decay,
+                       maximize=maximize, decoupled=decoupled_weight_decay)

@@ -15,16 +15,8 @@ import jax.numpy as jnp
 import optax
 from jax.typing import ArrayLike
 
-from ._common import (
-    ScalarOrSchedule,
-    check_non_negative,
-    lerp,
-    maybe_negate,
-    one_minus,
-    rounded,
-    scale_by_learning_rate,
-    zeros,
-)
+from ._common import (ScalarOrSchedule, check_non_negative, lerp, maybe_negate, one_minus, rounded,
+                      scale_by_learning_rate, zeros)
 
 __all__ = ["RMSpropState", "rmsprop", "scale_by_torch_rmsprop"]
 
@@ -38,13 +30,8 @@ class RMSpropState(NamedTuple):
     grad_avg: optax.Updates  # running average of g (centered); else ()
 
 
-def scale_by_torch_rmsprop(
-    alpha: float = 0.99,
-    eps: ArrayLike = 1e-8,
-    momentum: ArrayLike = 0.0,
-    *,
-    centered: bool = False,
-    use_momentum: bool | None = None,
+def scale_by_torch_rmsprop(alpha: float = 0.99, eps: ArrayLike = 1e-8, momentum: ArrayLike = 0.0,
+                           *, centered: bool = False, use_momentum: bool | None = None,
 ) -> optax.GradientTransformation:
     """torch's RMSprop scaling.
 
@@ -85,16 +72,9 @@ def scale_by_torch_rmsprop(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def rmsprop(
-    learning_rate: ScalarOrSchedule = 1e-2,
-    alpha: float = 0.99,
-    eps: ArrayLike = 1e-8,
-    weight_decay: ArrayLike = 0.0,
-    momentum: ArrayLike = 0.0,
-    *,
-    centered: bool = False,
-    maximize: bool = False,
-    use_momentum: bool | None = None,
+def rmsprop(learning_rate: ScalarOrSchedule = 1e-2, alpha: float = 0.99, eps: ArrayLike = 1e-8,
+            weight_decay: ArrayLike = 0.0, momentum: ArrayLike = 0.0, *, centered: bool = False,
+            maximize: bool = False, use_momentum: bool | None = None,
 ) -> optax.GradientTransformation:
     """RMSprop, numerically as ``torch.optim.RMSprop``.
 
@@ -110,14 +90,6 @@ def rmsprop(
     Args:
       use_momentum: whether the momentum buffer exists; defaults to ``momentum > 0``
         (give it explicitly when ``momentum`` is traced).
-
-    Example:
-      >>> from cerebrax.optim.transforms import rmsprop
-      >>> tx = rmsprop(0.01)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.90000004, 0.90000004], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     check_non_negative("epsilon", eps)

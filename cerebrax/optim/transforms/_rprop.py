@@ -16,15 +16,8 @@ import optax
 from jax.typing import ArrayLike
 
 from ...errors import ConfigError
-from ._common import (
-    ScalarOrSchedule,
-    at,
-    check_non_negative,
-    full,
-    is_concrete,
-    maybe_negate,
-    zeros,
-)
+from ._common import (ScalarOrSchedule, at, check_non_negative, full, is_concrete, maybe_negate,
+                      zeros)
 
 __all__ = ["RpropState", "rprop", "scale_by_torch_rprop"]
 
@@ -87,12 +80,8 @@ def _check_etas(etas: tuple[ArrayLike, ArrayLike]) -> None:
         )
 
 
-def rprop(
-    learning_rate: ScalarOrSchedule = 1e-2,
-    etas: tuple[ArrayLike, ArrayLike] = (0.5, 1.2),
-    step_sizes: tuple[ArrayLike, ArrayLike] = (1e-6, 50.0),
-    *,
-    maximize: bool = False,
+def rprop(learning_rate: ScalarOrSchedule = 1e-2, etas: tuple[ArrayLike, ArrayLike] = (0.5, 1.2),
+          step_sizes: tuple[ArrayLike, ArrayLike] = (1e-6, 50.0), *, maximize: bool = False,
 ) -> optax.GradientTransformation:
     """Rprop, numerically as ``torch.optim.Rprop``.
 
@@ -104,14 +93,6 @@ def rprop(
         g = 0 where g * prev < 0
         p = p - sign(g) * step
         prev = g
-
-    Example:
-      >>> from cerebrax.optim.transforms import rprop
-      >>> tx = rprop(0.1)
-      >>> params = {"w": jnp.ones(2)}
-      >>> updates, _ = tx.update({"w": -jnp.ones(2)}, tx.init(params), params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([1.1, 1.1], dtype=float32)
     """
     check_non_negative("learning_rate", learning_rate)
     _check_etas(etas)

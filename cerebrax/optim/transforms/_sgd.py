@@ -52,16 +52,9 @@ def scale_by_torch_momentum(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def sgd(
-    learning_rate: ArrayLike,
-    momentum: ArrayLike = 0.0,
-    dampening: ArrayLike = 0.0,
-    weight_decay: ArrayLike = 0.0,
-    *,
-    nesterov: bool = False,
-    maximize: bool = False,
-    use_momentum: bool | None = None,
-) -> optax.GradientTransformation:
+def sgd(learning_rate: ArrayLike, momentum: ArrayLike = 0.0, dampening: ArrayLike = 0.0,
+        weight_decay: ArrayLike = 0.0, *, nesterov: bool = False, maximize: bool = False,
+        use_momentum: bool | None = None) -> optax.GradientTransformation:
     """Stochastic gradient descent, numerically as ``torch.optim.SGD``.
 
     Update rule (``g`` the gradient, negated when ``maximize``)::
@@ -80,15 +73,6 @@ def sgd(
       maximize: maximize the objective instead of minimizing it.
       use_momentum: whether the momentum buffer exists; defaults to
         ``momentum != 0`` (give it explicitly when ``momentum`` is traced).
-
-    Example:
-      >>> from cerebrax.optim.transforms import sgd
-      >>> tx = sgd(0.1, momentum=0.9)
-      >>> params = {"w": jnp.ones(2)}
-      >>> state = tx.init(params)
-      >>> updates, state = tx.update({"w": jnp.ones(2)}, state, params)
-      >>> optax.apply_updates(params, updates)["w"]
-      Array([0.9, 0.9], dtype=float32)
     """
     if use_momentum is None:
         check_non_negative("momentum", momentum)
