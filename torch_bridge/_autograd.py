@@ -22,6 +22,13 @@ guards, in the calling thread:
 Calls on plain torch tensors, and calls from other threads, keep torch's behaviour.
 The bridge's export enters :func:`exporting_functions`; cerebrax's trace context enters
 :func:`honouring_functions` around the step's forward pass.
+
+The graph nodes an export leaves (``torch_bridge.ops._custom``) are lowered here too, by
+the routes' ``run_node``, ``tensor_hook_node`` and ``module_hook_node``. A Function's
+forward and backward, and the hooks, may apply Functions and register hooks in turn, and
+may run outside the block (a backward pass, a graph run): the routes run them inside
+:func:`honouring_functions`, which this module hands them (their ``honouring``
+argument). The routes do not import this module; it imports them.
 """
 
 from __future__ import annotations
@@ -33,15 +40,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.utils.checkpoint
 import torch.nn.modules.module as torch_module
 import torch.utils._pytree as pytree
+import torch.utils.checkpoint
 from torch.overrides import TorchFunctionMode
 
 from cerebrax._runtime import RUNTIME
 
 from . import _functions, _hooks
 from ._tensor import JaxTensor
+from .ops import lowering
 
 __all__ = ["exporting", "exporting_functions", "honouring_functions"]
 
@@ -164,7 +172,7 @@ def _route(cls: type, args: tuple, kwargs: dict) -> Any:
             return _functions.apply_exporting(cls, args, kwargs)
         args, kwargs = pytree.tree_map(_live, (args, kwargs))
         if any(isinstance(x, JaxTensor) for x in pytree.tree_leaves((args, kwargs))):
-            return _functions.apply_to_values(cls, args, kwargs)
+            return _functions.apply_to_values(cls, args, kwargs, honouring_functions)
     return _NOT_ROUTED
 
 
@@ -280,7 +288,8 @@ def _module_hooks(module: torch.nn.Module, hooks: list, pre_hooks: list) -> Any:
         # torch.export's wrapper around the exported module, which global module hooks
         # (register_module_full_backward_hook) would otherwise see as one more module.
         return _hooks.NO_MODULE_HOOKS
-    return _hooks.ModuleHooks(module, hooks, pre_hooks)
+    return _hooks.ModuleHooks(module, hooks, pre_hooks, exporting=exporting(),
+                              honouring=honouring_functions)
 
 
 class _HookRegistrations(TorchFunctionMode):
@@ -291,7 +300,26 @@ class _HookRegistrations(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is _REGISTER_HOOK and _STATE.depth:
-            handle = _hooks.register(*args, **kwargs, exporting=exporting())
+            handle = _hooks.register(*args, **kwargs, exporting=exporting(),
+                                     honouring=honouring_functions)
             if handle is not None:
                 return handle
         return func(*args, **kwargs)
+
+
+# ---- where an exported graph runs ------------------------------------------------------------
+# The nodes an export leaves for Functions and hooks (``torch_bridge.ops._custom``) run
+# them where the graph runs, inside honouring_functions as in a traced step.
+@lowering(torch.ops.torch_bridge.autograd_function.default)
+def _lower_function(index: int, inputs: list) -> list:
+    return _functions.run_node(index, inputs, honouring_functions)
+
+
+@lowering(torch.ops.torch_bridge.tensor_hook.default)
+def _lower_tensor_hook(index: int, x: Any) -> Any:
+    return _hooks.tensor_hook_node(index, x, honouring_functions)
+
+
+@lowering(torch.ops.torch_bridge.module_hook.default)
+def _lower_module_hook(index: int, inputs: list) -> list:
+    return _hooks.module_hook_node(index, inputs, honouring_functions)

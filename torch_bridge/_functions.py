@@ -28,14 +28,20 @@ A Function is met in two places:
 - a module's forward that torch_bridge exports, on fake tensors: :func:`apply_exporting`
   records the call (:class:`FunctionCall`: the class, the non-tensor arguments and the
   structure) and leaves one ``torch_bridge::autograd_function`` node in the graph, whose
-  fake kernel runs the forward on the fake tensors; the node's lowering builds the
-  custom_vjp each time the graph runs.
+  fake kernel runs the forward on the fake tensors; the node's lowering
+  (:func:`run_node`) builds the custom_vjp each time the graph runs.
 
 An exported call's forward runs again where the graph runs, later than where it was
 applied: state outside the tensors that it reads and a region set around the call (a
 precision level) is captured by the functions registered with
-:func:`keep_for_functions`, and set again there. ``torch_bridge._autograd`` routes
-``Function.apply`` here (see ``honouring_functions``).
+:func:`keep_for_functions`, and set again there.
+
+``torch_bridge._autograd`` routes ``Function.apply`` here (see ``honouring_functions``)
+and registers :func:`run_node` as the node's lowering. It hands each of them its
+``honouring_functions`` (the ``honouring`` argument), inside which the Function's own
+forward and backward run, so that Functions and hooks nested in them are honoured too;
+this module does not import ``torch_bridge._autograd``, which imports it.
+
 A forward or backward that reads a tensor's value into Python raises
 ``TensorReadError``; a backward that returns the wrong number of gradients, or writes
 its input in place (``ctx.mark_dirty``), raises ``UnsupportedOpError``; each message
@@ -61,12 +67,15 @@ from cerebrax._runtime import RUNTIME
 from cerebrax.errors import TensorReadError, UnsupportedOpError
 
 from ._tensor import JaxTensor, mark_used, paused_recording
-from .ops import lowering
 from .ops._custom import call, register_call
 from .ops._dtypes import export_dtype, to_jax
 
 __all__ = ["FunctionCall", "FunctionContext", "apply_exporting", "apply_to_values",
-           "describe", "keep_for_functions", "run"]
+           "describe", "keep_for_functions", "run", "run_node"]
+
+# ``torch_bridge._autograd.honouring_functions``, as its callers hand it in: the context
+# the Function's own forward and backward run in.
+Honouring = Callable[[], contextlib.AbstractContextManager[None]]
 
 MSG_READS = """\
 The {part} of the custom autograd.Function {name} reads a tensor's value into Python
@@ -333,12 +342,13 @@ def _frozen(x: Any) -> Any:
 
 
 # ---- where a Function is applied -------------------------------------------------------------
-def apply_to_values(function: type, args: tuple, kwargs: dict) -> Any:
-    """``function.apply`` on JaxTensors (torch code of a traced step)."""
+def apply_to_values(function: type, args: tuple, kwargs: dict, honouring: Honouring) -> Any:
+    """``function.apply`` on JaxTensors (torch code of a traced step); its forward and
+    backward run inside ``honouring()``."""
     entry, tensors = describe(function, args, kwargs)
     mark_used(tensors)
     arrays = [to_jax(t) for t in tensors]
-    outputs = run(entry, arrays, list(entry.dtypes))
+    outputs = run(entry, arrays, list(entry.dtypes), honouring)
     dtypes = [d for d in entry.outputs if not isinstance(d, tuple)]
     return entry.rebuild([JaxTensor(a, d) for a, d in zip(outputs, dtypes)])
 
@@ -353,18 +363,22 @@ def apply_exporting(function: type, args: tuple, kwargs: dict) -> Any:
     return entry.rebuild(outputs)
 
 
-@lowering(torch.ops.torch_bridge.autograd_function.default)
-def _lower(index: int, inputs: list) -> list:
+def run_node(index: int, inputs: list, honouring: Honouring) -> list:
+    """The outputs of an ``autograd_function(index, inputs)`` node where its graph runs
+    (its lowering, which ``torch_bridge._autograd`` registers): :func:`run` on the
+    call recorded at ``index``."""
     entry = call(index)
     dtypes = [export_dtype(x.dtype) if d.is_floating_point else d
               for x, d in zip(inputs, entry.dtypes)]
-    return run(entry, list(inputs), dtypes)
+    return run(entry, list(inputs), dtypes, honouring)
 
 
 # ---- the custom_vjp --------------------------------------------------------------------------
-def run(entry: FunctionCall, arrays: list, dtypes: list[torch.dtype]) -> list:
+def run(entry: FunctionCall, arrays: list, dtypes: list[torch.dtype],
+        honouring: Honouring) -> list:
     """The Function's tensor outputs on ``arrays`` (JAX values of torch dtypes
-    ``dtypes``), as a ``jax.custom_vjp`` whose backward is the Function's own."""
+    ``dtypes``), as a ``jax.custom_vjp`` whose backward is the Function's own; its
+    forward and backward run inside ``honouring()``."""
     inputs = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in arrays]
     arrays = [a if p is not None else lax.stop_gradient(a)  # nested: no gradient
               for a, p in zip(arrays, entry.inputs)]
@@ -373,7 +387,7 @@ def run(entry: FunctionCall, arrays: list, dtypes: list[torch.dtype]) -> list:
     def forward(values: Sequence[Any], perturbed: Sequence[bool]) -> tuple[list, Any]:
         ctx = FunctionContext(entry.needs_input_grad(perturbed), entry.name)
         tensors = [JaxTensor(v, d) for v, d in zip(values, dtypes)]
-        with _part(entry, "forward"), _restored(entry.state):
+        with _part(entry, "forward", honouring), _restored(entry.state):
             results = entry.forward(ctx, tensors)
         values = [jnp.asarray(to_jax(t)) for t in results]  # a constant result too
         outputs[:] = [(v.shape, v.dtype, t.dtype, differentiable)
@@ -394,7 +408,7 @@ def run(entry: FunctionCall, arrays: list, dtypes: list[torch.dtype]) -> list:
                  for ct, info in zip(cotangents, outputs)]
         it = iter(grads)
         grads = [None if isinstance(x, tuple) else next(it) for x in entry.outputs]
-        with _part(entry, "backward"):
+        with _part(entry, "backward", honouring):
             result = entry.function.backward(ctx, *grads)
         return tuple(_input_cotangents(entry, result, inputs))
 
@@ -467,14 +481,12 @@ def _sum_to(value: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 @contextlib.contextmanager
-def _part(entry: FunctionCall, part: str) -> Iterator[None]:
+def _part(entry: FunctionCall, part: str, honouring: Honouring) -> Iterator[None]:
     """Runs the Function's ``part`` (forward or backward): its JaxTensors are not the
-    step's (paused recording), nested Functions are honoured, and a read of a value
-    names the Function."""
-    from ._autograd import honouring_functions
-
+    step's (paused recording), nested Functions are honoured (``honouring()``), and a
+    read of a value names the Function."""
     try:
-        with paused_recording(), honouring_functions():
+        with paused_recording(), honouring():
             yield
     except _READ_ERRORS as e:
         detail = str(e).strip().splitlines()[0]

@@ -28,6 +28,13 @@ may replace the former. torch_bridge runs each of them in the backward pass of a
   Where no input of the module is differentiated, the hooks run at the outputs with
   ``None`` input gradients, as torch does (with torch's warning). Deprecated non-full
   hooks (``register_backward_hook``) are refused.
+
+``torch_bridge._autograd`` routes ``tensor.register_hook`` and ``nn.Module``'s
+``BackwardHook`` here (see ``honouring_functions``) and registers :func:`tensor_hook_node`
+and :func:`module_hook_node` as the lowerings of the nodes. It hands each of them its
+``honouring_functions`` (the ``honouring`` argument), inside which the hooks run, so
+that Functions and hooks applied in a hook are honoured too; this module does not import
+``torch_bridge._autograd``, which imports it.
 """
 
 from __future__ import annotations
@@ -45,14 +52,17 @@ from jax.custom_derivatives import SymbolicZero
 
 from cerebrax.errors import TensorReadError, UnsupportedOpError
 
-from ._tensor import JaxTensor, assign, is_view, mark_used, paused_recording
 from ._program import module_path
-from .ops import lowering
+from ._tensor import JaxTensor, assign, is_view, mark_used, paused_recording
 from .ops._custom import call, register_call
 from .ops._dtypes import export_dtype, to_jax
 
 __all__ = ["NO_MODULE_HOOKS", "ModuleHooks", "TensorHook", "link_tensor_hooks",
-           "non_full_hooks_refused", "register"]
+           "module_hook_node", "non_full_hooks_refused", "register", "tensor_hook_node"]
+
+# ``torch_bridge._autograd.honouring_functions``, as its callers hand it in: the context
+# the hooks run in.
+Honouring = Callable[[], contextlib.AbstractContextManager[None]]
 
 MSG_HOOK_AFTER_USE = """\
 A gradient hook was registered (tensor.register_hook) on a tensor that torch code of
@@ -116,17 +126,18 @@ class TensorHook:
         self.remove()
 
 
-def register(tensor: torch.Tensor, hook: Callable, *, exporting: bool) -> TensorHook | None:
+def register(tensor: torch.Tensor, hook: Callable, *, exporting: bool,
+             honouring: Honouring) -> TensorHook | None:
     """``tensor.register_hook(hook)`` on a JaxTensor or, while a module is exported, a
     fake tensor (see the module docstring); None where torch's own registration applies
-    (a plain tensor)."""
+    (a plain tensor). On a JaxTensor the hook runs inside ``honouring()``."""
     if isinstance(tensor, JaxTensor):
         if is_view(tensor) or tensor._source is not None:
             raise UnsupportedOpError(MSG_HOOK_ON_VIEW)
         if tensor._used:
             raise UnsupportedOpError(MSG_HOOK_AFTER_USE)
         entry = TensorHook(hook)
-        assign(tensor, _hooked(entry, tensor._jax, tensor.dtype))
+        assign(tensor, _hooked(entry, tensor._jax, tensor.dtype, honouring))
         return entry
     if not exporting:
         return None
@@ -137,13 +148,17 @@ def register(tensor: torch.Tensor, hook: Callable, *, exporting: bool) -> Tensor
     return entry
 
 
-@lowering(torch.ops.torch_bridge.tensor_hook.default)
-def _lower_tensor_hook(index: int, x: jax.Array) -> jax.Array:
-    return _hooked(call(index), x, export_dtype(x.dtype))
+def tensor_hook_node(index: int, x: jax.Array, honouring: Honouring) -> jax.Array:
+    """The output of a ``tensor_hook(index, x)`` node where its graph runs (its lowering,
+    which ``torch_bridge._autograd`` registers): ``x`` through the hook registered at
+    ``index``, which runs inside ``honouring()``."""
+    return _hooked(call(index), x, export_dtype(x.dtype), honouring)
 
 
-def _hooked(entry: TensorHook, value: jax.Array, dtype: torch.dtype) -> jax.Array:
-    """``value``, whose cotangent passes through ``entry``'s hook."""
+def _hooked(entry: TensorHook, value: jax.Array, dtype: torch.dtype,
+            honouring: Honouring) -> jax.Array:
+    """``value``, whose cotangent passes through ``entry``'s hook (run inside
+    ``honouring()``)."""
 
     @jax.custom_vjp
     def identity(x: jax.Array) -> jax.Array:
@@ -157,7 +172,7 @@ def _hooked(entry: TensorHook, value: jax.Array, dtype: torch.dtype) -> jax.Arra
             return (None,)
         if entry.removed:
             return (g,)
-        with _calling(entry.hook):
+        with _calling(entry.hook, honouring):
             out = entry.hook(JaxTensor(g, dtype))
         return (g if out is None else _cotangent(entry.hook, out, g),)
 
@@ -299,12 +314,17 @@ class ModuleHooks:
       module: the module being called.
       user_hooks: its full backward hooks (and the global ones).
       user_pre_hooks: its full backward pre-hooks (and the global ones).
+      exporting: whether torch_bridge exports a module in this thread now.
+      honouring: the context the hooks run in (``honouring_functions``).
     """
 
     torch_backward_hook: type = torch.utils.hooks.BackwardHook
 
-    def __init__(self, module: torch.nn.Module, user_hooks: list, user_pre_hooks: list):
+    def __init__(self, module: torch.nn.Module, user_hooks: list, user_pre_hooks: list, *,
+                 exporting: bool, honouring: Honouring):
         self.state = _ModuleState(module, list(user_hooks), list(user_pre_hooks))
+        self._exporting = exporting
+        self._honouring = honouring
         self._torch: Any = None
 
     def _torch_hook(self) -> Any:
@@ -316,7 +336,7 @@ class ModuleHooks:
     def setup_input_hook(self, args: tuple) -> tuple:
         """The module's positional inputs, passed through the inputs' identity."""
         index = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        kind = _kind([args[i] for i in index])
+        kind = _kind([args[i] for i in index], self._exporting)
         if kind is None:
             return self._torch_hook().setup_input_hook(args)
         self.state.n_inputs = len(args)
@@ -334,7 +354,7 @@ class ModuleHooks:
         identity."""
         items = result if isinstance(result, tuple) else (result,)
         index = [i for i, a in enumerate(items) if isinstance(a, torch.Tensor)]
-        kind = _kind([items[i] for i in index])
+        kind = _kind([items[i] for i in index], self._exporting)
         if kind is None:
             return self._torch_hook().setup_output_hook(result)
         self.state.n_outputs = len(items)
@@ -352,7 +372,8 @@ class ModuleHooks:
         if kind == "export":
             return list(torch.ops.torch_bridge.module_hook(register_call(entry), tensors))
         mark_used(tensors)
-        values = _module_identity(entry, [t._jax for t in tensors], list(entry.dtypes))
+        values = _module_identity(entry, [t._jax for t in tensors], list(entry.dtypes),
+                                  self._honouring)
         return [JaxTensor(v, t.dtype) for v, t in zip(values, tensors)]
 
 
@@ -371,27 +392,29 @@ class _NoModuleHooks:
 NO_MODULE_HOOKS = _NoModuleHooks()
 
 
-def _kind(tensors: Sequence[torch.Tensor]) -> str | None:
+def _kind(tensors: Sequence[torch.Tensor], exporting: bool) -> str | None:
     """``"values"`` (JaxTensors), ``"export"`` (while exporting) or None (torch's)."""
-    from ._autograd import exporting
-
     if any(isinstance(t, JaxTensor) for t in tensors):
         return "values"
-    if tensors and exporting():
+    if tensors and exporting:
         return "export"
     return None
 
 
-@lowering(torch.ops.torch_bridge.module_hook.default)
-def _lower_module_hook(index: int, inputs: list) -> list:
+def module_hook_node(index: int, inputs: list, honouring: Honouring) -> list:
+    """The outputs of a ``module_hook(index, inputs)`` node where its graph runs (its
+    lowering, which ``torch_bridge._autograd`` registers): ``inputs`` through the
+    identity registered at ``index``, whose hooks run inside ``honouring()``."""
     entry = call(index)
     dtypes = [export_dtype(x.dtype) if d.is_floating_point else d
               for x, d in zip(inputs, entry.dtypes)]
-    return _module_identity(entry, list(inputs), dtypes)
+    return _module_identity(entry, list(inputs), dtypes, honouring)
 
 
-def _module_identity(entry: _ModuleHookCall, arrays: list, dtypes: list) -> list:
-    """``arrays`` through the identity of one side of a hooked module's call."""
+def _module_identity(entry: _ModuleHookCall, arrays: list, dtypes: list,
+                     honouring: Honouring) -> list:
+    """``arrays`` through the identity of one side of a hooked module's call (its hooks
+    run inside ``honouring()``)."""
     state, inputs = entry.state, entry.side == "inputs"
     if inputs:
         state.inputs_differentiated = False
@@ -409,7 +432,7 @@ def _module_identity(entry: _ModuleHookCall, arrays: list, dtypes: list) -> list
     def identity_bwd(_: None, cotangents: list) -> tuple:
         grads = [None if isinstance(c, SymbolicZero) else JaxTensor(c, d)
                  for c, d in zip(cotangents, dtypes)]
-        with _calling(state.module):
+        with _calling(state.module, honouring):
             grads = (state.inputs_backward if inputs else state.outputs_backward)(grads)
         return tuple(None if g is None else _cotangent(state.module, g, a)
                      for g, a in zip(grads, avals))
@@ -435,12 +458,10 @@ def _name(what: Any) -> str:
 
 
 @contextlib.contextmanager
-def _calling(what: Any) -> Iterator[None]:
+def _calling(what: Any, honouring: Honouring) -> Iterator[None]:
     """Runs hook code on JaxTensors of the backward pass (see ``_functions._part``)."""
-    from ._autograd import honouring_functions
-
     try:
-        with paused_recording(), honouring_functions():
+        with paused_recording(), honouring():
             yield
     except _READ_ERRORS as e:
         detail = str(e).strip().splitlines()[0]

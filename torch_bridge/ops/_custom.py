@@ -7,7 +7,8 @@ differentiate through them. It lowers to ``lax.stop_gradient`` (``ops/shape.py``
 
 Three more operators carry torch's autograd extensions through an export, each as one
 graph node that decomposition keeps whole (see ``torch_bridge._functions`` and
-``torch_bridge._hooks``, which lower them):
+``torch_bridge._hooks``, which run them, and ``torch_bridge._autograd``, which registers
+their lowerings):
 
 - ``autograd_function(call, inputs)``: a custom ``torch.autograd.Function`` applied to
   ``inputs`` (its forward gives the outputs, its own backward the gradients);
