@@ -220,6 +220,18 @@ def refused(reason: str, what: str) -> Any:
                      Field(description=f"{what} Refused: {reason}.")]
 
 
+def _one_of(section: Model, first: str, second: str, *, both: str,
+            neither: str | None = None) -> Model:
+    """``section``, refused with the message ``both`` where it gives the keys ``first``
+    and ``second`` both, and with ``neither`` (where given) where it gives neither."""
+    given = [getattr(section, key) is not None for key in (first, second)]
+    if neither is not None and not any(given):
+        raise PydanticCustomError("refused", neither)
+    if all(given):
+        raise PydanticCustomError("refused", both)
+    return section
+
+
 def _same_in_both(key: str, default: Any = PydanticUndefined) -> Any:
     """The ``Field`` of a key that means the same in both layouts, described by
     ``SAME_IN_BOTH[key]``; required without a ``default``."""
@@ -350,13 +362,9 @@ class ModelSection(Arguments):
 
     @model_validator(mode="after")
     def _one_model(self) -> ModelSection:
-        if self.factory is None and self.name is None:
-            raise PydanticCustomError("refused", MSG_NO_MODEL)
-        if self.factory is not None and self.name is not None:
-            raise PydanticCustomError(
-                "refused", "factory and name both say which model to build; give one "
-                "(name: a Model Zoo model, factory: 'package.module:function')")
-        return self
+        return _one_of(self, "factory", "name", neither=MSG_NO_MODEL, both=(
+            "factory and name both say which model to build; give one "
+            "(name: a Model Zoo model, factory: 'package.module:function')"))
 
 
 class InputSection(Arguments):
@@ -388,13 +396,8 @@ class InputSection(Arguments):
 
     @model_validator(mode="after")
     def _one_source(self) -> InputSection:
-        if self.input_fn is None and self.data_processor is None:
-            raise PydanticCustomError("refused", MSG_NO_INPUT)
-        if self.input_fn is not None and self.data_processor is not None:
-            raise PydanticCustomError(
-                "refused", "input_fn and data_processor both say where the batches come "
-                "from; give one")
-        return self
+        return _one_of(self, "input_fn", "data_processor", neither=MSG_NO_INPUT, both=(
+            "input_fn and data_processor both say where the batches come from; give one"))
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -434,11 +437,8 @@ class Clipping(Section):
 
     @model_validator(mode="after")
     def _one_clip(self) -> Clipping:
-        if self.max_gradient_norm is not None and self.max_gradient_value is not None:
-            raise PydanticCustomError(
-                "refused", "max_gradient_norm and max_gradient_value are exclusive; give one"
-            )
-        return self
+        return _one_of(self, "max_gradient_norm", "max_gradient_value",
+                       both="max_gradient_norm and max_gradient_value are exclusive; give one")
 
 
 class LossScaling(Clipping):

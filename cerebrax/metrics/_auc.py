@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._base import Metric, as_float, divide_no_nan
-from ._checks import broadcast_weights, check_same_shape
+from ._checks import batch_weights
 
 __all__ = ["AUCMetric"]
 
@@ -156,10 +156,8 @@ class AUCMetric(Metric):
     def _update(
         self, state, labels: Any, predictions: Any, weights: Any = None
     ) -> dict[str, jax.Array]:
-        metric = type(self).__name__
         labels, predictions = jnp.asarray(labels), as_float(predictions)
-        check_same_shape(metric, labels, "predictions", predictions)
-        weights = broadcast_weights(metric, 1.0 if weights is None else weights, labels.shape)
+        weights = batch_weights(type(self).__name__, labels, predictions, weights)
         batch = binned_counts(labels, predictions, weights, self.thresholds)
         return {key: state[key] + batch[key] for key in state}
 

@@ -14,24 +14,29 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = [
+    "batch_weights",
     "broadcast_weights",
     "check_num_classes",
     "check_positive",
-    "check_same_shape",
     "class_mask",
 ]
 
 
+def _as_index(value: Any) -> int | None:
+    """``value`` as an int where ``operator.index`` takes it and it is no bool, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_num_classes(metric: str, num_classes: Any, *, minimum: int) -> int:
     """``num_classes`` as an int, or a ConfigError if it is not an int ``>= minimum``."""
-    try:
-        if isinstance(num_classes, bool):
-            raise TypeError
-        value = operator.index(num_classes)
-    except TypeError:
-        raise ConfigError(
-            f"{metric}: `num_classes` must be an integer, got {num_classes!r}."
-        ) from None
+    value = _as_index(num_classes)
+    if value is None:
+        raise ConfigError(f"{metric}: `num_classes` must be an integer, got {num_classes!r}.")
     if value < minimum:
         raise ConfigError(
             f"{metric}: `num_classes` must be at least {minimum}, got {num_classes=}."
@@ -62,15 +67,12 @@ def class_mask(metric: str, arg: str, num_classes: int, ignore: Any) -> np.ndarr
         return mask
     items = [ignore] if not isinstance(ignore, Iterable) else list(ignore)
     for item in items:
-        try:
-            if isinstance(item, bool):
-                raise TypeError
-            index = operator.index(item)
-        except TypeError:
+        index = _as_index(item)
+        if index is None:
             raise ConfigError(
                 f"{metric}: `{arg}` must hold class indices (ints), got {item!r} in "
                 f"{arg}={ignore!r}."
-            ) from None
+            )
         if not 0 <= index < num_classes:
             raise ConfigError(
                 f"{metric}: class {index} in {arg}={ignore!r} is out of range; classes "
@@ -85,14 +87,22 @@ def class_mask(metric: str, arg: str, num_classes: int, ignore: Any) -> np.ndarr
     return mask
 
 
-def check_same_shape(metric: str, labels: jax.Array, arg: str, other: jax.Array) -> None:
-    """A ConfigError unless ``other`` (argument ``arg``) has the shape of ``labels``."""
-    if jnp.shape(other) != jnp.shape(labels):
+def batch_weights(
+    metric: str, labels: jax.Array, predictions: jax.Array, weights: Any
+) -> jax.Array:
+    """The weights of one ``update(labels, predictions, weights)``: ``weights`` (1 where
+    None) as float32 broadcast to the labels' shape.
+
+    A ConfigError where ``predictions`` has not the shape of ``labels``, or where
+    ``weights`` does not broadcast to it.
+    """
+    if jnp.shape(predictions) != jnp.shape(labels):
         raise ConfigError(
-            f"{metric}.update(): `labels` and `{arg}` have mismatched shapes "
-            f"{jnp.shape(labels)} and {jnp.shape(other)}; pass one class index per label "
-            "(e.g. logits.argmax(-1))."
+            f"{metric}.update(): `labels` and `predictions` have mismatched shapes "
+            f"{jnp.shape(labels)} and {jnp.shape(predictions)}; pass one class index per "
+            "label (e.g. logits.argmax(-1))."
         )
+    return broadcast_weights(metric, 1.0 if weights is None else weights, labels.shape)
 
 
 def broadcast_weights(

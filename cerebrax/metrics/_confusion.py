@@ -1,4 +1,5 @@
-"""The confusion matrix, and the base of metrics that accumulate one.
+"""The confusion matrix, the base of metrics that accumulate one, and the base of those
+whose value is a per-class ratio averaged over the classes.
 
 Rows are labels, columns predictions: ``cm[i, j]`` is the (weighted) number of elements
 with label ``i`` predicted as class ``j``. Elements whose label or prediction lies
@@ -7,6 +8,7 @@ outside ``[0, num_classes)`` are dropped.
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 import jax
@@ -14,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._base import Metric, divide_no_nan
-from ._checks import broadcast_weights, check_num_classes, check_same_shape, class_mask
+from ._checks import batch_weights, check_num_classes, class_mask
 
-__all__ = ["ConfusionMatrixMetric", "confusion_matrix", "masked_class_mean"]
+__all__ = ["ClassMeanMetric", "ConfusionMatrixMetric", "confusion_matrix", "masked_class_mean"]
 
 
 def confusion_matrix(
@@ -81,9 +83,28 @@ class ConfusionMatrixMetric(Metric):
     def _update(
         self, state, labels: Any, predictions: Any, weights: Any = None
     ) -> dict[str, jax.Array]:
-        metric = type(self).__name__
         labels, predictions = jnp.asarray(labels), jnp.asarray(predictions)
-        check_same_shape(metric, labels, "predictions", predictions)
-        weights = broadcast_weights(metric, 1.0 if weights is None else weights, labels.shape)
+        weights = batch_weights(type(self).__name__, labels, predictions, weights)
         batch = confusion_matrix(labels, predictions, self.num_classes, weights)
         return {"confusion_matrix": state["confusion_matrix"] + batch}
+
+
+class ClassMeanMetric(ConfusionMatrixMetric):
+    """A confusion-matrix metric whose value is a per-class ratio averaged over the classes.
+
+    A subclass gives each class's numerator and denominator (:meth:`_ratio`); the value
+    is the mean of the ratios over the classes not in ``ignore_classes`` (None, one
+    index, or several) whose denominator is non-zero (0 if there is none).
+    """
+
+    def __init__(self, num_classes: int, ignore_classes: Any = None, name: str | None = None):
+        super().__init__(num_classes, ignore_classes, ignore_arg="ignore_classes", name=name)
+
+    @abc.abstractmethod
+    def _ratio(self, cm: jax.Array, tp: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The per-class numerators and denominators, from ``cm`` and ``tp = diag(cm)``."""
+
+    def _compute(self, state) -> jax.Array:
+        cm = state["confusion_matrix"]
+        numerator, denominator = self._ratio(cm, jnp.diagonal(cm))
+        return masked_class_mean(numerator, denominator, self.class_mask)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
-from ._confusion import ConfusionMatrixMetric, masked_class_mean
+from ._confusion import ClassMeanMetric
 
 __all__ = ["MeanIOUMetric"]
 
 
-class MeanIOUMetric(ConfusionMatrixMetric):
+class MeanIOUMetric(ClassMeanMetric):
     """Mean intersection over union, the usual score of semantic segmentation.
 
     ``update(labels, predictions, weights=None)`` adds each element's weight (default 1;
@@ -36,11 +34,5 @@ class MeanIOUMetric(ConfusionMatrixMetric):
       0.6667
     """
 
-    def __init__(self, num_classes: int, ignore_classes: Any = None, name: str | None = None):
-        super().__init__(num_classes, ignore_classes, ignore_arg="ignore_classes", name=name)
-
-    def _compute(self, state) -> jax.Array:
-        cm = state["confusion_matrix"]
-        tp = jnp.diagonal(cm)
-        union = jnp.sum(cm, axis=0) + jnp.sum(cm, axis=1) - tp
-        return masked_class_mean(tp, union, self.class_mask)
+    def _ratio(self, cm: jax.Array, tp: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return tp, jnp.sum(cm, axis=0) + jnp.sum(cm, axis=1) - tp

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ._base import Metric, divide_no_nan
-from ._checks import broadcast_weights, check_num_classes, check_same_shape
+from ._checks import batch_weights, check_num_classes
 
 __all__ = ["MeanPerClassAccuracyMetric"]
 
@@ -46,10 +46,8 @@ class MeanPerClassAccuracyMetric(Metric):
     def _update(
         self, state, labels: Any, predictions: Any, weights: Any = None
     ) -> dict[str, jax.Array]:
-        metric = type(self).__name__
         labels, predictions = jnp.asarray(labels), jnp.asarray(predictions)
-        check_same_shape(metric, labels, "predictions", predictions)
-        weights = broadcast_weights(metric, 1.0 if weights is None else weights, labels.shape)
+        weights = batch_weights(type(self).__name__, labels, predictions, weights)
         labels = labels.astype(jnp.int32).ravel()
         in_range = (labels >= 0) & (labels < self.num_classes)
         index = jnp.where(in_range, labels, 0)

@@ -37,15 +37,21 @@ def exponential(initial_learning_rate: float, total_iters: int, decay_rate: floa
     init = checks.number("initial_learning_rate", initial_learning_rate)
     total = checks.positive_int("total_iters", total_iters)
     rate = checks.non_negative_number("decay_rate", decay_rate)
-    staircase = checks.flag("staircase", staircase)
+    return power_decay(init, rate, total, checks.flag("staircase", staircase))
+
+
+def power_decay(init: float, rate: float, period: int, staircase: bool) -> Schedule:
+    """``init * rate ** (t / period)``, or ``init * rate ** floor(t / period)`` with
+    ``staircase``, for checked arguments (``rate >= 0``, an int ``period >= 1``): the
+    closed form of :func:`exponential`, and of ``step_decay`` and ``multiplicative``."""
 
     def schedule(step: ArrayLike) -> jax.Array:
         t = fp.count(step)
         if staircase:
-            return init * fp.power(rate, t // total)
+            return init * fp.power(rate, t // period)
         if rate == 0.0:
             return init * fp.power(rate, t)
-        return init * fp.exp_times(t, math.log(rate) / total)
+        return init * fp.exp_times(t, math.log(rate) / period)
 
     return schedule
 

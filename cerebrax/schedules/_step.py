@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from . import _checks as checks
 from . import _float32 as fp
 from ._base import Schedule
+from ._exponential import power_decay
 
 __all__ = ["lambda_schedule", "multi_step", "multiplicative", "piecewise_constant", "step_decay"]
 
@@ -40,11 +41,7 @@ def step_decay(initial_learning_rate: float, step_size: int, gamma: float) -> Sc
     init = checks.number("initial_learning_rate", initial_learning_rate)
     size = checks.positive_int("step_size", step_size)
     gamma = checks.non_negative_number("gamma", gamma)
-
-    def schedule(step: ArrayLike) -> jax.Array:
-        return init * fp.power(gamma, fp.count(step) // size)
-
-    return schedule
+    return power_decay(init, gamma, size, staircase=True)
 
 
 def _table_lookup(values: Sequence[float], milestones: Sequence[int]) -> Schedule:
@@ -103,11 +100,7 @@ def multiplicative(initial_learning_rate: float, coefficient: float) -> Schedule
     """
     init = checks.number("initial_learning_rate", initial_learning_rate)
     coefficient = checks.non_negative_number("coefficient", coefficient)
-
-    def schedule(step: ArrayLike) -> jax.Array:
-        return init * fp.power(coefficient, fp.count(step))
-
-    return schedule
+    return power_decay(init, coefficient, 1, staircase=False)
 
 
 def _placeholder_lambdas() -> list[Callable[[jax.Array], ArrayLike]]:
