@@ -28,12 +28,12 @@ from . import storage as storage
 from . import summaries as summaries
 from . import utils as utils
 from . import wse as wse
-from ._closures import checkpoint_closure as checkpoint_closure
 from ._debug_names import add_debug_name as add_debug_name
 from ._debug_names import get_debug_name as get_debug_name
 from ._cstorch_alias import enable_cstorch_alias as enable_cstorch_alias
-from ._closures import step_closure as step_closure
-from ._state import Parameter as Parameter
+from ._step import Parameter as Parameter
+from ._step import checkpoint_closure as checkpoint_closure
+from ._step import step_closure as step_closure
 from ._version import __version__ as __version__
 from .amp import set_half_dtype as set_half_dtype
 from .backend import Backend as Backend

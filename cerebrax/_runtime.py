@@ -74,24 +74,25 @@ class Runtime:
     backend: Any = None                   # the Backend of this process, or None
     run_config: Any = None                # what cstorch.configure() was given, or None
     csx_flags: dict = dataclasses.field(default_factory=dict)  # cstorch.backends.csx.*
-    # ---- registered state (cerebrax._state) ------------------------------------------
+    # ---- registered state (cerebrax._step) -------------------------------------------
     generation: int = 0                   # bumped by reset(): older state is dropped
     state_device: Any = None              # where new state slots live (the backend's)
     slots: dict = dataclasses.field(default_factory=dict)       # index -> weakref(StateRef)
     optimizers: dict = dataclasses.field(default_factory=dict)  # index -> weakref(optimizer)
     trace_contexts: list = dataclasses.field(default_factory=list)  # innermost last
-    # ---- step closures (cerebrax._closures) ------------------------------------------
+    # an object of the user's model (a torch nn.Parameter) -> the compiled Parameter it
+    # stands for, linked by compile() through cerebrax._step.alias_parameter; the link
+    # keeps that Parameter (and its compiled model) alive while the object lives
+    parameter_aliases: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
+    # while a step is traced: compiled Parameter -> the torch tensor torch code sees
+    # for it (cerebrax._step's torch parameters)
+    torch_views: dict = dataclasses.field(default_factory=dict)
+    # ---- step closures (cerebrax._step) ----------------------------------------------
     closures: collections.deque = dataclasses.field(default_factory=collections.deque)
     dispatches: int = 0                   # traced steps dispatched so far
     last_outputs: list = dataclasses.field(default_factory=list)  # of the last step
     running_closure: Any = None           # the closure entry running now
     executors: list = dataclasses.field(default_factory=list)    # DataExecutor loops
-    # ---- model wrapping (cerebrax.models) --------------------------------------------
-    # an original parameter object (a torch nn.Parameter) -> its compiled Parameter
-    parameter_aliases: WeakIdentityMap = dataclasses.field(default_factory=WeakIdentityMap)
-    # while a step is traced: compiled Parameter -> the torch tensor torch code sees
-    # for it (cerebrax._torch_parameters)
-    torch_views: dict = dataclasses.field(default_factory=dict)
     # ---- mixed precision (cerebrax._precision) ---------------------------------------
     half_dtype: str | None = None         # set_half_dtype's choice; None: float16
     mixed_precision: bool | None = None   # enable_mixed_precision's; None: the backend's
@@ -118,9 +119,9 @@ class Runtime:
     cstorch_alias: bool = dataclasses.field(default=False, metadata={"kept": True})
     # Wiring that modules install once, each at its import or first use. Kept: the
     # modules are not imported or used for the first time again.
-    # Checks run before every read of a slot outside a traced step (cerebrax._state).
+    # Checks run before every read of a slot outside a traced step (cerebrax._step).
     read_guards: list = dataclasses.field(default_factory=list, metadata={"kept": True})
-    # What runs before the first step is built (cerebrax.trace).
+    # What runs before the first step is built (cerebrax.trace's before_build).
     build_hooks: list = dataclasses.field(default_factory=list, metadata={"kept": True})
     # (predicate, factory) of compile()'s model adapters, first match wins
     # (cerebrax.models).

@@ -1,17 +1,21 @@
 """The package's layers point one way, and no module reads another folder's private names.
 
 A folder is a package directory (``cerebrax/wse``, ``torch_bridge/ops``); a module directly
-in ``cerebrax/`` counts as its own folder (``cerebrax/_state.py``, ``cerebrax/trace.py``).
+in ``cerebrax/`` counts as its own folder (``cerebrax/_filters.py``, ``cerebrax/trace.py``).
 The layers, from the bottom, are :data:`LAYERS`: a folder may import folders of its own
 layer or below, never above, and the folder graph has no cycle. Imports under
-``if TYPE_CHECKING:`` do not count; imports inside functions do. The Layout section of
-docs/development.md describes the same layers.
+``if TYPE_CHECKING:`` do not count; imports inside functions do. Some folders show only
+their ``__init__`` (:data:`SEALED_FOLDERS`) and keep an order among their modules
+(:data:`MODULE_LAYERS`), and code outside the trace context's module uses only the
+interface ``ActiveContext`` declares. The Layout section of docs/development.md describes
+the same rules.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -25,16 +29,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("cerebrax._debug_names",),
     ("torch_bridge.ops",),
     ("torch_bridge",),
-    ("cerebrax._interop",),
-    ("cerebrax._state",),
-    ("cerebrax._closures",),
-    ("cerebrax._grad_regions", "cerebrax._torch_parameters"),
-    ("cerebrax._trace_context",),
+    ("cerebrax._step",),
     ("cerebrax.wse",),
     ("cerebrax.backend",),
     ("cerebrax.core", "cerebrax.lib"),
     ("cerebrax._precision",),
     ("cerebrax.models",),
+    ("cerebrax._step.traced",),
     ("cerebrax.trace", "cerebrax.schedules", "cerebrax.metrics", "cerebrax.ckpt",
      "cerebrax.nn", "cerebrax.sparse", "cerebrax.experimental", "cerebrax.cirh",
      "cerebrax.profiler", "cerebrax.storage"),
@@ -235,19 +236,12 @@ def _module_graph() -> dict[str, set[str]]:
     return graph
 
 
-# Import circles inside a folder that are still to be undone, each a mutual need that a
-# function-level import hides: torch_bridge's Function and hook routes enter the patches
-# that install them. The list may only shrink.
-KNOWN_FOLDER_CYCLES = [
-    ["torch_bridge._autograd", "torch_bridge._functions", "torch_bridge._hooks"],
-]
-
-
-def test_no_new_import_circle_inside_a_folder():
+def test_no_import_circle_inside_a_folder():
+    """No two modules of a folder need each other, not even through an import inside a
+    function: the shared piece moves below both, or one hands the other what it needs
+    (a callable, a registration at import)."""
     cycles = sorted(_cycles(_module_graph()))
-    new = [c for c in cycles if c not in KNOWN_FOLDER_CYCLES]
-    assert not new, f"import circles inside a folder: {new}"
-    assert cycles == KNOWN_FOLDER_CYCLES, "a known circle is undone: drop it from the list"
+    assert not cycles, f"import circles inside a folder: {cycles}"
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -261,7 +255,8 @@ def test_no_module_reads_a_private_name_of_another_folder():
 
 @pytest.mark.parametrize("source, expected", [
     ("from .errors import _secret\n", ["imports _secret"]),
-    ("from . import _state\nx = _state._GENERATION\n", ["reads cerebrax._state._GENERATION"]),
+    ("from ._step import _state\nx = _state._GENERATION\n",
+     ["reads cerebrax._step._state._GENERATION"]),
     ("from .errors import ConfigError\n", []),
 ])
 def test_the_private_name_check_sees_both_forms(source, expected, tmp_path, monkeypatch):
@@ -277,6 +272,83 @@ def test_the_private_name_check_sees_both_forms(source, expected, tmp_path, monk
         assert want in line
 
 
+# ---- folders that show only their __init__ ---------------------------------------------------
+# Other folders import these folders' names from the folder's __init__ (its __all__), never
+# a module inside: the folder may move a name between its modules without a change
+# elsewhere. (A sub-folder is a folder of its own: cerebrax._step.traced is imported from
+# its own __init__.)
+SEALED_FOLDERS = ("cerebrax._step", "cerebrax._step.traced")
+
+
+def _imports_inside(edges: list[str]) -> list[str]:
+    """The edges (``module -> target``) that import a module inside a sealed folder."""
+    return [f"{edge}  (import the name from {folder(edge.split(' -> ')[1])} instead)"
+            for edge in edges
+            if folder(edge.split(" -> ")[1]) in SEALED_FOLDERS
+            and MODULES[edge.split(" -> ")[1]].name != "__init__.py"]
+
+
+def test_other_folders_import_a_sealed_folder_from_its_init():
+    inside = _imports_inside(EDGES)
+    assert not inside, "modules of a sealed folder imported from outside:\n" + "\n".join(inside)
+
+
+@pytest.mark.parametrize("source, flagged", [
+    ("from .._step._state import Parameter\n", True),
+    ("from .._step import _state\n", True),
+    ("import cerebrax._step._trace_context\n", True),
+    ("from .._step.traced._traced_step import TracedStep\n", True),
+    ("from .._step import Parameter, active_context\n", False),
+    ("from .. import _step\nx = _step.live_refs()\n", False),
+    ("from .._step.traced import trace\n", False),
+])
+def test_the_sealed_folder_check_sees_each_form(source, flagged, tmp_path, monkeypatch):
+    # A module in cerebrax/wse importing from cerebrax._step, seen by the scan.
+    fake = tmp_path / "cerebrax" / "wse" / "_probe.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(source)
+    monkeypatch.setitem(MODULES, "cerebrax.wse._probe", fake)
+    _, edges, _ = _scan()
+    mine = _imports_inside([e for e in edges if e.startswith("cerebrax.wse._probe ")])
+    assert len(mine) == flagged, mine
+
+
+# The modules of a folder that keep an order of their own, bottom first: a module imports
+# only modules of its folder in its own entry or an earlier one (imports inside functions
+# count, as everywhere here). The folder's __init__ may import them all.
+MODULE_LAYERS = {
+    "cerebrax._step": [("_active_context",), ("_interop",), ("_state",), ("_closures",),
+                       ("_grad_regions", "_torch_parameters"), ("_trace_context",)],
+}
+
+
+def _module_order_breaks(graph: dict[str, set[str]]) -> list[str]:
+    breaks = []
+    for home, layers in MODULE_LAYERS.items():
+        rank = {f"{home}.{name}": i for i, layer in enumerate(layers) for name in layer}
+        for module, targets in graph.items():
+            for target in targets:
+                if module in rank and target in rank and rank[target] > rank[module]:
+                    breaks.append(f"{module} -> {target}")
+    return sorted(breaks)
+
+
+def test_the_modules_of_a_folder_keep_their_order():
+    for home, layers in MODULE_LAYERS.items():
+        listed = {f"{home}.{name}" for layer in layers for name in layer}
+        inside = {m for m in MODULES if folder(m) == home and m != home}
+        assert listed == inside, f"{home}: list each of its modules in MODULE_LAYERS"
+    breaks = _module_order_breaks(_module_graph())
+    assert not breaks, "imports that run up a folder's module order:\n" + "\n".join(breaks)
+
+
+def test_the_module_order_check_sees_an_import_up():
+    graph = {"cerebrax._step._state": {"cerebrax._step._trace_context"},
+             "cerebrax._step._trace_context": {"cerebrax._step._state"}}
+    assert _module_order_breaks(graph) == [
+        "cerebrax._step._state -> cerebrax._step._trace_context"]
+
+
 def test_one_definition_of_is_array():
     import re
 
@@ -286,59 +358,248 @@ def test_one_definition_of_is_array():
 
 
 # ---- one owner of a traced step's state ---------------------------------------------------
+# The trace context's own module, and the module that declares what others may use of it.
+CONTEXT_MODULE = "cerebrax._step._trace_context"
+PROTOCOL_MODULE = "cerebrax._step._active_context"
+# Calls that give the trace context (the running one, or a new one), wherever they are
+# made; a function of another module whose return annotation names a context type
+# (below) gives one too, and so does, in its own module, a private one.
+CONTEXT_CALLS = {"active_context", "context_with_grads", "TraceContext"}
+CONTEXT_TYPES = re.compile(r"\b(ActiveContext|TraceContext)\b")
 _MUTATORS = {"append", "extend", "add", "update", "setdefault", "pop", "clear", "remove",
              "insert", "discard", "popitem"}
 
 
-def _context_writes(module: str, tree: ast.AST) -> list[str]:
-    """Writes to a field of a trace context (a variable named ``ctx``) in ``tree``:
-    ``ctx.f = v``, ``ctx.f += v``, ``ctx.f[k] = v``, ``del ctx.f[k]``, ``ctx.f.append(v)``."""
-    def field(target: ast.AST) -> str | None:
-        while isinstance(target, ast.Subscript):
-            target = target.value
-        if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                and target.value.id == "ctx"):
-            return target.attr
-        return None
+def _protocol_members() -> set[str]:
+    """What ``ActiveContext`` declares: the methods, properties and fields of its groups."""
+    tree = ast.parse(MODULES[PROTOCOL_MODULE].read_text())
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
-    found = []
-    for node in ast.walk(tree):
-        targets: list = []
-        if isinstance(node, ast.Assign):
-            targets = node.targets
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        elif isinstance(node, ast.Delete):
-            targets = node.targets
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in _MUTATORS):
-            targets = [node.func.value]
-        for target in targets:
-            name = field(target)
-            if name is not None:
-                found.append(f"{module}:{node.lineno} writes ctx.{name}")
-    return found
+    def members(name: str) -> set[str]:
+        found = set()
+        for node in classes[name].body:
+            if isinstance(node, ast.FunctionDef):
+                found.add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                found.add(node.target.id)
+        for base in classes[name].bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                found |= members(base.id)
+        return found
+
+    return members("ActiveContext")
+
+
+def _context_functions(trees: dict[str, ast.AST]) -> tuple[set[str], dict[str, set[str]]]:
+    """The functions annotated to return a trace context: public ones by name, and each
+    module's private ones."""
+    public: set[str] = set()
+    private: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns
+                    is not None and CONTEXT_TYPES.search(ast.unparse(node.returns))):
+                if node.name.startswith("_"):
+                    private.setdefault(module, set()).add(node.name)
+                else:
+                    public.add(node.name)
+    return public, private
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def _own_nodes(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
+    """The nodes of ``scope`` outside its nested functions, and those functions (the
+    methods of a class defined in it count as nested in it)."""
+    own, nested = [], []
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SCOPES):
+            nested.append(node)
+            continue
+        if not isinstance(node, ast.ClassDef):
+            own.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return own, nested
+
+
+def _context_uses(tree: ast.AST, calls: set[str] = frozenset(CONTEXT_CALLS)
+                  ) -> list[tuple[int, str, str]]:
+    """Where ``tree`` uses a member of a trace context: ``(line, "reads" or "writes",
+    member)``. A context is the result of a call in ``calls`` (``active_context()``), a
+    name bound to one (whatever the name, also in a function nested where it is bound), or
+    a parameter annotated with a context type. Writes are ``c.f = v``, ``c.f += v``,
+    ``c.f[k] = v``, ``del c.f[k]`` and ``c.f.append(v)`` (or another mutating method);
+    ``getattr(c, "f")`` reads ``f``."""
+    def gives_context(value: ast.AST, names: set[str]) -> bool:
+        if isinstance(value, ast.Call):
+            func = value.func
+            return (func.attr if isinstance(func, ast.Attribute)
+                    else getattr(func, "id", None)) in calls
+        return isinstance(value, ast.Name) and value.id in names
+
+    def context_names(scope: ast.AST, own: list[ast.AST], outer: set[str]) -> set[str]:
+        args = getattr(scope, "args", None)
+        params = [*args.posonlyargs, *args.args, *args.kwonlyargs] if args else []
+        local = {a.arg for a in params} | {n.id for n in own if isinstance(n, ast.Name)
+                                           and isinstance(n.ctx, ast.Store)}
+        names = (outer - local) | {a.arg for a in params if a.annotation is not None
+                                   and CONTEXT_TYPES.search(ast.unparse(a.annotation))}
+        while True:  # names bound to a context, or to a name that holds one
+            before = set(names)
+            for node in own:
+                if isinstance(node, ast.Assign) and gives_context(node.value, before):
+                    names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and (
+                        CONTEXT_TYPES.search(ast.unparse(node.annotation))
+                        or node.value is not None and gives_context(node.value, before)):
+                    names.add(node.target.id)
+                elif isinstance(node, ast.NamedExpr) and gives_context(node.value, before):
+                    names.add(node.target.id)
+            if names == before:
+                return names
+
+    writes: set[tuple[int, int, str]] = set()
+    reads: set[tuple[int, int, str]] = set()
+
+    def visit(scope: ast.AST, outer: set[str]) -> None:
+        own, nested = _own_nodes(scope)
+        names = context_names(scope, own, outer)
+
+        def member(node: ast.AST) -> ast.Attribute | None:
+            while isinstance(node, ast.Subscript):
+                node = node.value
+            if isinstance(node, ast.Attribute) and gives_context(node.value, names):
+                return node
+            return None
+
+        for node in own:
+            targets: list = []
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in _MUTATORS):
+                targets = [node.func.value]
+            for target in targets:
+                written = member(target)
+                if written is not None:
+                    writes.add((written.lineno, written.col_offset, written.attr))
+            if isinstance(node, ast.Attribute) and gives_context(node.value, names):
+                load = isinstance(node.ctx, ast.Load)
+                (reads if load else writes).add((node.lineno, node.col_offset, node.attr))
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr"
+                  and len(node.args) >= 2 and gives_context(node.args[0], names)
+                  and isinstance(node.args[1], ast.Constant)):
+                reads.add((node.lineno, node.col_offset, str(node.args[1].value)))
+        for child in nested:
+            visit(child, names)
+
+    visit(tree, set())
+    return sorted({(line, "writes", name) for line, _, name in writes}
+                  | {(line, "reads", name) for line, col, name in reads
+                     if (line, col, name) not in writes})
+
+
+def _context_uses_outside() -> dict[str, list[tuple[int, str, str]]]:
+    """Every module's uses of a trace context, but the context's own module's."""
+    trees = {m: ast.parse(p.read_text(), str(p)) for m, p in MODULES.items()}
+    public, private = _context_functions(trees)
+    return {module: _context_uses(tree, CONTEXT_CALLS | public | private.get(module, set()))
+            for module, tree in trees.items() if module != CONTEXT_MODULE}
 
 
 def test_only_the_trace_context_writes_its_fields():
     """Gradients, bookkeeping and the skip condition are written through the context's
     own verbs (``set_grad``, ``record``, ``skip_writes_unless``, ...), so a value has one
-    writer and one place where torch's ``.grad`` is kept in step."""
-    writes = []
-    for module, path in MODULES.items():
-        if module != "cerebrax._trace_context":
-            writes += _context_writes(module, ast.parse(path.read_text(), str(path)))
-    assert not writes, "trace context fields written outside its module:\n" + "\n".join(writes)
+    writer and one place where torch's ``.grad`` is kept in step; and no other module
+    reads the context's private fields."""
+    bad = [f"{module}:{line} {verb} the context's {name}"
+           for module, uses in _context_uses_outside().items() for line, verb, name in uses
+           if verb == "writes" or _is_private(name)]
+    assert not bad, "trace context fields used outside its module:\n" + "\n".join(bad)
+
+
+def test_code_outside_the_context_uses_only_its_declared_interface():
+    """What other modules use of the context is ``ActiveContext``, its declared interface:
+    a new use means a new, documented member there first."""
+    members = _protocol_members()
+    bad = [f"{module}:{line} {verb} {name}, which ActiveContext does not declare"
+           for module, uses in _context_uses_outside().items() for line, verb, name in uses
+           if name not in members and not name.startswith("__")]
+    assert not bad, "undeclared uses of the trace context:\n" + "\n".join(bad)
+
+
+def test_every_declared_member_of_the_context_is_used():
+    """``ActiveContext`` declares what is used, no more: a member no other module uses
+    leaves it."""
+    used = {name for uses in _context_uses_outside().values() for _, _, name in uses}
+    assert _protocol_members() <= used, sorted(_protocol_members() - used)
+
+
+def test_the_context_class_defines_its_declared_interface():
+    """Each member of ``ActiveContext`` is a method or property of ``TraceContext``, or a
+    field its ``__init__`` sets (tests/trace checks ``isinstance`` on a live one)."""
+    tree = ast.parse(MODULES[CONTEXT_MODULE].read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TraceContext"]
+    defined = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    defined |= {n.attr for n in ast.walk(init) if isinstance(n, ast.Attribute)
+                and isinstance(n.ctx, ast.Store) and getattr(n.value, "id", None) == "self"}
+    assert _protocol_members() <= defined, sorted(_protocol_members() - defined)
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("ctx.grads[p] = g\n", 1),
-    ("ctx.condition = flag\n", 1),
-    ("ctx.scratch.setdefault(k, {})\n", 1),
-    ("ctx.set_grad(p, g)\nx = ctx.grad(p)\n", 0),
+    ("ctx = active_context()\nctx.grads[p] = g\n", [(2, "writes", "grads")]),
+    ("ctx = _step.active_context()\nctx.condition = flag\n", [(2, "writes", "condition")]),
+    ("ctx = active_context()\nctx.scratch.setdefault(k, {})\n", [(2, "writes", "scratch")]),
+    ("ctx = active_context()\nctx.set_grad(p, g)\nx = ctx.grad(p)\n",
+     [(2, "reads", "set_grad"), (3, "reads", "grad")]),
+    # another name, a name bound to it, the call itself, a parameter of the type
+    ("context = active_context()\ncontext.loss += 1\n", [(2, "writes", "loss")]),
+    ("c = context_with_grads('x')\nd = c\nd.deferred.append(f)\n", [(3, "writes", "deferred")]),
+    ("active_context()._records.clear()\n", [(1, "writes", "_records")]),
+    ("def f(c: ActiveContext | None):\n    c.phase = 'x'\n", [(2, "writes", "phase")]),
+    # reads of a private field, also through getattr
+    ("def f():\n    c = active_context()\n    return c._grads\n", [(3, "reads", "_grads")]),
+    ("c = active_context()\ng = getattr(c, '_grads', None)\n", [(2, "reads", "_grads")]),
+    # not a context: another call's result, or the name in another function
+    ("ctx = make()\nctx.grads[p] = g\n", []),
+    ("def f():\n    ctx = active_context()\ndef g(ctx):\n    ctx.x = 1\n", []),
+    # a function nested where the name is bound sees it
+    ("def f():\n    c = active_context()\n    def g():\n        c.x = 1\n", [(4, "writes", "x")]),
 ])
 def test_the_context_write_check_sees_each_form(source, expected):
-    assert len(_context_writes("probe", ast.parse(source))) == expected
+    assert _context_uses(ast.parse(source)) == expected
+
+
+@pytest.mark.parametrize("source, flagged", [
+    ("c = active_context()\nc.grads[p] = g\n", ["writes the context's grads"]),
+    ("c = active_context()\nx = c._condition\n", ["reads the context's _condition"]),
+    ("c = active_context()\nc.set_grad(p, c.grad(p))\n", []),
+])
+def test_the_context_checks_fail_on_a_probe_module(source, flagged, monkeypatch, tmp_path):
+    # A module in cerebrax/wse using the context, seen by the checks.
+    fake = tmp_path / "_probe.py"
+    fake.write_text(source)
+    monkeypatch.setitem(MODULES, "cerebrax.wse._probe", fake)
+    if flagged:
+        with pytest.raises(AssertionError) as failure:
+            test_only_the_trace_context_writes_its_fields()
+        assert all(f"cerebrax.wse._probe:2 {want}" in str(failure.value) for want in flagged)
+    else:
+        test_only_the_trace_context_writes_its_fields()
+
+
+def test_the_interface_check_sees_an_undeclared_member(monkeypatch, tmp_path):
+    fake = tmp_path / "_probe.py"
+    fake.write_text("def f(c: ActiveContext):\n    return c.values\n")
+    monkeypatch.setitem(MODULES, "cerebrax.wse._probe", fake)
+    with pytest.raises(AssertionError, match=r"_probe:2 reads values, which ActiveContext"):
+        test_code_outside_the_context_uses_only_its_declared_interface()
 
 
 # ---- private attributes stay in their folder -----------------------------------------------
@@ -420,8 +681,8 @@ def test_no_module_touches_a_private_attribute_of_another_folders_object():
     ("def f(t):\n    return t._version\n", []),  # not an attribute of ours (torch's)
 ])
 def test_the_private_attribute_check_sees_reads_and_writes(source, expected):
-    owners = {"_value": {"cerebrax._state"}, "_backend": {"cerebrax.trace"},
-              "_own": {"cerebrax.wse", "cerebrax.trace"}}
+    owners = {"_value": {"cerebrax._step"}, "_backend": {"cerebrax._step.traced"},
+              "_own": {"cerebrax.wse", "cerebrax._step.traced"}}
     # A module in cerebrax/wse, seen by the scan.
     uses = _foreign_attribute_uses("cerebrax.wse._memory", ast.parse(source), owners)
     assert len(uses) == len(expected), uses

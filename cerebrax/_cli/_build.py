@@ -20,7 +20,7 @@ from .. import amp, metrics, optim
 from ..models import compile as compile_model
 from ..backend import ClusterConfig, backend
 from ..backend import _compile_cache
-from .._interop import as_jax
+from .._step import as_jax
 from ..data import DataLoader, compute_num_steps
 from ..data._progress import write
 from ..errors import ConfigError

@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import metrics as cs_metrics
-from .._closures import checkpoint_closure, drain, step_closure
+from .._step import as_jax, checkpoint_closure, drain, step_closure
 from ..amp import optimizer_step
 from ..ckpt import load, save, wait
-from .._interop import as_jax
 from ..data import DataExecutor
 from ..data._executor import batch_placement
 from ..data._progress import write

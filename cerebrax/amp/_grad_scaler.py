@@ -15,11 +15,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .. import _state
+from .. import _step
 from .._filters import is_torch_tensor
-from .._interop import as_jax
 from .._precision import get_half_dtype_str
-from .._trace_context import backward, context_with_grads, deferrable, deferrable_function
+from .._step import (
+    ActiveContext,
+    as_jax,
+    backward,
+    context_with_grads,
+    deferrable,
+    deferrable_function,
+)
 from ..backend import current_backend
 from ..errors import ConfigError, StateError
 from ..models import resolve_parameter
@@ -118,7 +124,7 @@ class GradScaler:
             scale = float(loss_scale or 1.0)
             if scale <= 0:
                 raise ConfigError(f"a static loss_scale must be > 0, got {loss_scale!r}")
-        self._state = _state.StateRef(
+        self._state = _step.StateRef(
             {
                 "loss_scale": jnp.float32(scale),
                 "non_clamped_loss_scale": jnp.float32(scale),
@@ -136,14 +142,14 @@ class GradScaler:
         backend = current_backend(raise_exception=False)
         return backend is not None and backend.is_csx
 
-    def _scratch(self, ctx: Any) -> dict:
+    def _scratch(self, ctx: ActiveContext) -> dict:
         return ctx.record(
             ("grad_scaler", id(self)), {"unscaled": {}, "stepped": set(), "updated": False}
         )
 
     @staticmethod
-    def _context(what: str) -> Any:
-        ctx = _state.active_context()
+    def _context(what: str) -> ActiveContext:
+        ctx = _step.active_context()
         if ctx is None:
             raise StateError(f"GradScaler.{what} must be called inside a @cstorch.trace step.")
         return ctx
@@ -374,7 +380,7 @@ def _parameters(optimizer: Any) -> list:
     return [p for p in found if p is not None]
 
 
-def _scalers_of(ctx: Any) -> list[dict]:
+def _scalers_of(ctx: ActiveContext) -> list[dict]:
     """The per-step records of the grad scalers used in this step."""
     return [v for k, v in ctx.records() if isinstance(k, tuple) and k[0] == "grad_scaler"]
 
@@ -389,7 +395,7 @@ def isfinite(optimizer: Any) -> Any:
     without loss scaling). Inside a step it is a traced bool, which can be returned
     from the step or passed to a step closure.
     """
-    ctx = _state.active_context()
+    ctx = _step.active_context()
     if ctx is None:
         return True
     stepped = ctx.record(("isfinite", id(optimizer)))
@@ -416,5 +422,5 @@ def update_if_finite(optimizer: Any, tensor: Any) -> None:
     array is a value, not state; it needs no mark.
     """
     del optimizer
-    if isinstance(tensor, _state.StateRef):
+    if isinstance(tensor, _step.StateRef):
         tensor.skippable = True

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..optim._clip import clip_grad_norm_, clip_grad_value_
-from .._trace_context import backward
+from .._step import backward
 from ._grad_scaler import GradScaler
 
 __all__ = ["optimizer_step"]

@@ -10,10 +10,10 @@ from typing import Any
 
 import jax
 
-from .. import _state
+from .. import _step
 from .._filters import check_int, is_torch_tensor
-from .._interop import to_numpy, to_torch
 from .._runtime import RUNTIME
+from .._step import to_numpy, to_torch
 from ..errors import BackendError, ConfigError, TensorReadError
 from ..wse import MODE_ALIASES, ClusterConfig, Layout, build_wafer
 from . import _compile_cache
@@ -147,7 +147,7 @@ class Backend:
         self._cluster_config = cluster_config
         self.allow_recompile = bool(allow_recompile)
         jax_device = device if device is not None else _default_device(backend_type)
-        self.generation = _state.current_generation()
+        self.generation = _step.current_generation()
         # A CSX backend whose ClusterConfig spans several devices runs on a wafer mesh.
         self.wafer = None
         self.layout = None
@@ -204,7 +204,7 @@ class Backend:
     @property
     def is_tracing(self) -> bool:
         """Whether a traced step is being built now (its code runs on traced values)."""
-        return _state.active_context() is not None
+        return _step.active_context() is not None
 
     @property
     def torch_device(self) -> Any:
@@ -347,7 +347,7 @@ def backend(backend_type: str | BackendType | None = None, *args: Any,
     options = _validate_options(kind, dict(kwargs))
     new = Backend(kind, **options)
     RUNTIME.backend = new
-    _state.set_state_device(new.jax_device)
+    _step.set_state_device(new.jax_device)
     return new
 
 
@@ -497,7 +497,7 @@ def configure(
             "cstorch.configure() must be called before the backend is created "
             f"(a {RUNTIME.backend.backend_type} backend exists already)."
         )
-    if _state.live_refs():
+    if _step.live_refs():
         raise BackendError(
             "cstorch.configure() must be called before the model is instantiated: "
             "move it to the top of the script, before building the model."

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._filters import is_torch_tensor
-from .._interop import to_numpy as _array_of
-from .._interop import to_torch
+from .._step import to_numpy as _array_of
+from .._step import to_torch
 from ..errors import ConfigError
 
 __all__ = ["from_numpy", "full", "full_like", "make_constant", "name_scope", "ones",

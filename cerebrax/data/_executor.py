@@ -6,7 +6,7 @@ import pathlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import _closures
+from .. import _step
 from .._filters import check_int
 from .._runtime import RUNTIME
 from ..backend import current_backend, run_config
@@ -23,12 +23,12 @@ __all__ = ["DataExecutor", "batch_placement", "current_executor", "current_execu
 
 
 def current_executor_or_none() -> DataExecutor | None:
-    return _closures.current_executor()
+    return _step.current_executor()
 
 
 def current_executor() -> DataExecutor:
     """The executor whose loop is running; raises when there is none."""
-    executor = _closures.current_executor()
+    executor = _step.current_executor()
     if executor is None:
         raise StateError(
             "Detected that a data executor was not used. Iterate over a "
@@ -193,7 +193,7 @@ class DataExecutor:
         step = self.iteration if step is None else step
         return step == self.num_steps - 1 or (step + 1) % self.activation_steps == 0
 
-    # ---- the closures' executor protocol (cerebrax._closures) ---------------------------
+    # ---- the closures' executor protocol (cerebrax._step) -------------------------------
     def should_run(self, step: int, kind: str) -> bool:
         """Whether a closure of ``kind`` called at 0-based ``step`` runs."""
         if not self._e2e:
@@ -221,7 +221,7 @@ class DataExecutor:
         self.progress = ProgressBar(self.num_steps, live=live) if show is not False else None
         finished = False
         self.profiler.start()
-        with _closures.executor_scope(self):
+        with _step.executor_scope(self):
             batches = self.dataloader.batches(device)
             try:
                 for step in range(self.num_steps):
@@ -238,13 +238,13 @@ class DataExecutor:
 
     def _finish(self, finished: bool) -> None:
         """Runs the closures left, flushes the writer, closes the progress bar."""
-        if _closures.current_executor() is not self:
+        if _step.current_executor() is not self:
             return  # a newer loop took over: this one's closures were dropped
         try:
             if finished:
-                _closures.drain(self.num_steps - 2)
+                _step.drain(self.num_steps - 2)
                 self.profiler.step_done(self._samples)
-            _closures.drain()
+            _step.drain()
             self.profiler.finish()
             if callable(getattr(self.writer, "flush", None)):
                 self.writer.flush()
@@ -278,9 +278,9 @@ class DataExecutor:
         # code (the alias) gets cstorch's order instead: a step's closures run before the
         # loop goes on, so they see the Python state of their own step (Model Zoo's
         # Trainer logs under trainer.global_step read in the closure).
-        _closures.drain(step - (1 if RUNTIME.cstorch_alias else 2))
+        _step.drain(step - (1 if RUNTIME.cstorch_alias else 2))
         self.profiler.step_done(self._samples)  # step - 1 is counted after their closures
         if self.is_checkpoint_step(previous):
-            _closures.drain()
+            _step.drain()
         if self.progress is not None:
             self.progress.update(step)

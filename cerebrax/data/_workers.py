@@ -34,9 +34,9 @@ import jax
 import numpy as np
 
 from .._filters import is_array, is_torch_tensor
-from .._interop import mark_torch_origin, to_numpy
 from .._placement import put_many
 from .._runtime import RUNTIME
+from .._step import mark_torch_origin, to_numpy
 from ..errors import ConfigError, StateError
 from ._torch_workers import safe_iter
 from ._streamers import (

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _closures, _state
+from .. import _step
 from .._filters import is_strict_int
 from ..backend import backend as make_backend
 from ..backend import current_backend
@@ -176,7 +176,7 @@ class Estimator:
         loader, _ = self._loader(input_fn, num_steps)
         executor = DataExecutor(loader, num_steps=num_steps,
                                 checkpoint_steps=self.config.save_checkpoints_steps or 0)
-        save_closure = _closures.checkpoint_closure(self._save)
+        save_closure = _step.checkpoint_closure(self._save)
         for features, labels in executor:
             step = self._step(ModeKeys.TRAIN, features, labels)
             self._model.train()
@@ -309,7 +309,7 @@ class Estimator:
                 f"{type(spec).__name__}."
             )
         spec.check(mode)
-        models = _state.active_context().models_used
+        models = _step.active_context().models_used
         if not models:
             raise StateError(
                 "model_fn used no compiled model. Call a model prepared with "

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._filters import is_array
-from .._trace_context import backward
+from .._step import backward
 from ..errors import StateError
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from .. import _closures
+from .. import _step
 from .._filters import is_torch_module
 from .._runtime import RUNTIME
 from ..backend import current_backend
@@ -334,7 +334,7 @@ class Session:
         pending, self._after_step = self._after_step, []
         for fn, args, kwargs in pending:
             args, kwargs = _values((args, kwargs))
-            _closures.step_closure(fn)(*args, **kwargs)
+            _step.step_closure(fn)(*args, **kwargs)
 
 
 def _values(tree: Any) -> Any:

@@ -21,11 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _state
-from ..errors import ConfigError, StateError
-from .._interop import torch_leaves_to_jax
+from .. import _step
 from .._runtime import RUNTIME
-from .._trace_context import deferrable
+from .._step import deferrable, torch_leaves_to_jax
+from ..errors import ConfigError, StateError
 
 __all__ = ["Metric", "get_all_metrics"]
 
@@ -113,8 +112,8 @@ class Metric(abc.ABC):
             unique = f"{base}.{i}"
         self.name = unique
         RUNTIME.metrics[unique] = self
-        self._state = _state.StateRef(self._initial_state(), name=f"metric {unique}")
-        self._count = _state.StateRef(jnp.int32(0), name=f"metric {unique} num_updates")
+        self._state = _step.StateRef(self._initial_state(), name=f"metric {unique}")
+        self._count = _step.StateRef(jnp.int32(0), name=f"metric {unique} num_updates")
         self._dtype: Any = None
 
     @abc.abstractmethod
@@ -138,7 +137,7 @@ class Metric(abc.ABC):
         Outside a traced step this is a Python int; inside one it is the traced count.
         """
         count = self._count.value
-        if _state.active_context() is not None:
+        if _step.active_context() is not None:
             return count
         # Host sync point: waits for the steps that updated the metric.
         return int(jax.device_get(count))
@@ -161,7 +160,7 @@ class Metric(abc.ABC):
           StateError: outside a traced step, when the metric has not been updated since
             it was created or last reset.
         """
-        if _state.active_context() is None and self.num_updates == 0:
+        if _step.active_context() is None and self.num_updates == 0:
             raise StateError(MSG_NOT_UPDATED.format(name=self.name))
         return self._value()
 
@@ -179,7 +178,7 @@ class Metric(abc.ABC):
         if _recorded_in_export(self.update, args, kwargs):
             return None  # called in a compiled torch module's forward: see below
         self.update(*args, **kwargs)
-        ctx = _state.active_context()
+        ctx = _step.active_context()
         if ctx is not None and ctx.after_backward:
             return None  # the update runs after the backward pass; read it later
         return self._value()  # just updated: no need to check (or sync on) the count

@@ -1,6 +1,6 @@
 """``cstorch.compile``: wrap a model so that its state lives in registered slots.
 
-A compiled model owns its parameters (:class:`~cerebrax._state.Parameter`, one per
+A compiled model owns its parameters (:class:`~cerebrax.Parameter`, one per
 state-dict name) and buffers. Calling it inside a traced step runs the model's pure
 apply function on the step's tracers; calling it outside a step runs a jitted forward
 on the current values. How the call runs on the backend's layout (one device, micro-
@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _placement, _state, wse
+from .. import _placement, _step, wse
 from .._filters import is_array, is_prng_key, is_torch_module, is_torch_tensor
-from .._interop import as_jax, to_numpy, torch_leaves_to_jax
 from .._precision import cast_floating, compute_dtype, torch_autocast_state
 from .._runtime import RUNTIME
+from .._step import as_jax, to_numpy, torch_leaves_to_jax
 from ..backend import Backend, get_or_create_backend
 from ..errors import ConfigError, StateError
 from ._adapter import ModelAdapter
@@ -72,17 +72,17 @@ def register_model_adapter(
     RUNTIME.model_adapters.insert(0, (predicate, factory))
 
 
-def resolve_parameter(obj: Any) -> _state.Parameter | None:
+def resolve_parameter(obj: Any) -> _step.Parameter | None:
     """The compiled parameter standing for ``obj`` (itself, or an aliased original).
 
     An original torch parameter also passes on its current ``requires_grad``, so a
     parameter frozen after ``compile`` but before the optimizer is built stays fixed.
-    The link lives in :data:`cerebrax._runtime.RUNTIME` as a weak mapping: it goes
-    away with the original object, and with ``cstorch.reset()``.
+    ``compile`` made the link (:func:`cerebrax._step.alias_parameter`): it goes away with
+    the original object, and with ``cstorch.reset()``.
     """
-    if isinstance(obj, _state.Parameter):
+    if isinstance(obj, _step.Parameter):
         return obj
-    p = RUNTIME.parameter_aliases.get(obj)
+    p = _step.aliased_parameter(obj)
     if p is not None and isinstance(getattr(obj, "requires_grad", None), bool):
         p.requires_grad = obj.requires_grad
     return p
@@ -111,26 +111,26 @@ class CompiledModel:
         self._adapter = adapter
         frozen = adapter.frozen_parameters()
         self._params = {
-            name: _state.Parameter(_place(v, backend), name=name, owner=self,
+            name: _step.Parameter(_place(v, backend), name=name, owner=self,
                                    requires_grad=name not in frozen)
             for name, v in adapter.params().items()
         }
         self._buffers = {
-            name: _state.StateRef(_place(v, backend), name=name)
+            name: _step.StateRef(_place(v, backend), name=name)
             for name, v in adapter.buffers().items()
         }
         self._rng = (
-            _state.StateRef(jax.random.key_data(adapter.initial_key()), name="model rng")
+            _step.StateRef(jax.random.key_data(adapter.initial_key()), name="model rng")
             if adapter.needs_key else None
         )
         for original, name in adapter.parameter_aliases().items():
-            RUNTIME.parameter_aliases[original] = self._params[name]
+            _step.alias_parameter(original, self._params[name])
         self._training = bool(getattr(adapter, "initially_training", True))
         self._eager = {}
         adapter.attach(self)
 
     # ---- torch.nn.Module-like surface ---------------------------------------------------
-    def parameters(self) -> list[_state.Parameter]:
+    def parameters(self) -> list[_step.Parameter]:
         """The model's parameters (:class:`~cerebrax.Parameter`), frozen ones included.
 
         Unlike torch's ``parameters()`` it returns a list, not a generator, and takes no
@@ -138,21 +138,21 @@ class CompiledModel:
         """
         return list(self._params.values())
 
-    def named_parameters(self) -> Iterator[tuple[str, _state.Parameter]]:
+    def named_parameters(self) -> Iterator[tuple[str, _step.Parameter]]:
         """An iterator of ``(state-dict name, parameter)`` pairs, as :meth:`parameters`
         lists them. Unlike torch's it takes no arguments (``prefix``, ``recurse``,
         ``remove_duplicate``)."""
         return iter(self._params.items())
 
-    def buffers(self) -> list[_state.StateRef]:
+    def buffers(self) -> list[_step.StateRef]:
         """The model's buffers (non-trained state, e.g. batch-norm statistics).
 
         Unlike torch's ``buffers()`` it returns a list, not a generator, of state slots
-        (:class:`~cerebrax._state.StateRef`: read a buffer with ``b.value``), not tensors.
+        (:class:`~cerebrax._step.StateRef`: read a buffer with ``b.value``), not tensors.
         """
         return list(self._buffers.values())
 
-    def named_buffers(self) -> Iterator[tuple[str, _state.StateRef]]:
+    def named_buffers(self) -> Iterator[tuple[str, _step.StateRef]]:
         """An iterator of ``(state-dict name, buffer slot)`` pairs, as :meth:`buffers`
         lists them. Unlike torch's it takes no arguments."""
         return iter(self._buffers.items())
@@ -188,7 +188,7 @@ class CompiledModel:
         """Sets eval mode and returns the model (``train(False)``)."""
         return self.train(False)
 
-    def _slots(self) -> dict[str, _state.StateRef]:
+    def _slots(self) -> dict[str, _step.StateRef]:
         """Every state-dict name (tied aliases included) -> the slot holding its value."""
         order = self._adapter.state_dict_order(list(self._params), list(self._buffers))
         aliases = self._adapter.state_dict_aliases()
@@ -237,7 +237,7 @@ class CompiledModel:
                 self._write_slot(name, ref, state_dict[name])
         return IncompatibleKeys(missing, unexpected)
 
-    def _write_slot(self, name: str, ref: _state.StateRef, value: Any) -> None:
+    def _write_slot(self, name: str, ref: _step.StateRef, value: Any) -> None:
         value = to_numpy(value)
         old = ref.stored
         typed_key = is_prng_key(old)
@@ -254,7 +254,7 @@ class CompiledModel:
 
     # ---- calling ------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        ctx = _state.active_context()
+        ctx = _step.active_context()
         if ctx is None:
             return self._call_eagerly(args, kwargs)
         ctx.note_model(self)

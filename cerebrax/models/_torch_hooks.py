@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from .. import _state
-from .._interop import to_numpy, to_torch
+from .. import _step
 from .._runtime import RUNTIME
+from .._step import to_numpy, to_torch
 
 __all__ = ["install"]
 
@@ -50,7 +50,7 @@ class _Link:
         if module is not self.module():
             return None
         compiled = self.compiled()
-        if compiled is None or compiled.backend.generation != _state.current_generation():
+        if compiled is None or compiled.backend.generation != _step.current_generation():
             return None
         return compiled
 
@@ -86,7 +86,7 @@ class _ReadCompiledState(_Hook):
             return
         keep_vars = self.link.keep_vars.pop() if self.link.keep_vars else False
         compiled = self._target(module)
-        if compiled is None or keep_vars or _state.active_context() is not None:
+        if compiled is None or keep_vars or _step.active_context() is not None:
             return
         tensors: dict[int, torch.Tensor] = {}
         for name, value in compiled.state_dict().items():  # owned host copies

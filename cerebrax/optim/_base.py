@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _state
+from .. import _step
+from .._step import deferrable, with_jax_gradients
 from ..errors import ConfigError, StateError
-from .._trace_context import deferrable, with_jax_gradients
 from ..models import resolve_parameter
 from ..schedules._signature import resolve_on_inspection
 
@@ -140,7 +140,7 @@ class ParamGroup(MutableMapping):
         if key in self._static:
             return self._static[key]
         value = self._dynamic()[key]
-        if _state.active_context() is not None:
+        if _step.active_context() is not None:
             return value
         return _read_back(value, self._given.get(key))
 
@@ -290,10 +290,10 @@ class Optimizer(abc.ABC):
     def __init__(self, params: ParamsT, defaults: Mapping[str, Any],
                  enable_global_step: bool = False):
         self.defaults = dict(defaults)
-        self.generation = _state.current_generation()
+        self.generation = _step.current_generation()
         self._traced = False  # set once a traced step has used this optimizer
         groups = self._normalize_groups(params)
-        self._all_params: list[_state.Parameter] = [p for g in groups for p in g["params"]]
+        self._all_params: list[_step.Parameter] = [p for g in groups for p in g["params"]]
         self._param_index = {p: i for i, p in enumerate(self._all_params)}
         dynamic, self.param_groups = [], []
         for i, group in enumerate(groups):
@@ -304,7 +304,7 @@ class Optimizer(abc.ABC):
             given = {k: _host_given(merged[k]) for k in dyn}
             dynamic.append(dyn)
             self.param_groups.append(ParamGroup(self, i, group["params"], static, given))
-        self._hparams = _state.StateRef(
+        self._hparams = _step.StateRef(
             dynamic, name=f"{type(self).__name__}.param_groups", skippable=True
         )
         self.enable_global_step = enable_global_step
@@ -315,15 +315,15 @@ class Optimizer(abc.ABC):
         self.preinitialize()
         collected = self.state._collecting
         self.state._collecting = None
-        self._state_ref = _state.StateRef(
+        self._state_ref = _step.StateRef(
             [collected.get(i, {}) for i in range(len(self._all_params))],
             name=f"{type(self).__name__}.state",
             skippable=True,
         )
-        _state.register_optimizer(self)
+        _step.register_optimizer(self)
 
     def _normalize_groups(self, params: Any) -> list[dict]:
-        if isinstance(params, (_state.Parameter, Mapping)) or not isinstance(params, Iterable):
+        if isinstance(params, (_step.Parameter, Mapping)) or not isinstance(params, Iterable):
             params = [params]
         items = list(params)
         if not items:
@@ -335,7 +335,7 @@ class Optimizer(abc.ABC):
             if "params" not in group:
                 raise ConfigError(f"param group {gi} has no 'params' key")
             raw = group["params"]
-            raw = [raw] if isinstance(raw, _state.Parameter) else list(raw)
+            raw = [raw] if isinstance(raw, _step.Parameter) else list(raw)
             resolved = []
             for obj in raw:
                 p = resolve_parameter(obj)
@@ -377,7 +377,7 @@ class Optimizer(abc.ABC):
             if changed is not None:
                 args, kwargs = changed
         set_to_none = dict(zip(("set_to_none",), args), **kwargs).get("set_to_none", True)
-        ctx = _state.active_context()
+        ctx = _step.active_context()
         if ctx is not None and ctx.has_grads:
             for p in self._all_params:
                 g = ctx.grad_or_none(p)
@@ -420,7 +420,7 @@ class Optimizer(abc.ABC):
         """``visit_state(fn)`` (cstorch's name for applying a function to the state)."""
         self.visit_state(fn)
 
-    def increment_global_step(self, p: _state.Parameter) -> jax.Array:
+    def increment_global_step(self, p: _step.Parameter) -> jax.Array:
         """Adds 1 to ``state[p]["step"]`` (needs ``enable_global_step=True``)."""
         if not self.enable_global_step:
             raise StateError(

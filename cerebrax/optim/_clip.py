@@ -8,22 +8,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .. import _state
+from .. import _step
 from ..errors import ConfigError, StateError
-from .._trace_context import deferrable_function
+from .._step import deferrable_function
 from ..models import resolve_parameter
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
 
 def _grads(parameters: Any, what: str):
-    ctx = _state.active_context()
+    ctx = _step.active_context()
     if ctx is None or not ctx.has_grads:
         raise StateError(
             f"{what} clips gradients, which exist inside a traced step after "
             "cstorch.backward(loss). Call it there, after backward."
         )
-    if isinstance(parameters, _state.Parameter) or resolve_parameter(parameters) is not None:
+    if isinstance(parameters, _step.Parameter) or resolve_parameter(parameters) is not None:
         parameters = [parameters]
     params = [resolve_parameter(p) for p in parameters]
     if any(p is None for p in params):

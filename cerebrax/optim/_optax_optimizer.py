@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import _state
-from .._trace_context import context_with_grads
+from .. import _step
+from .._step import context_with_grads
 from ..errors import ConfigError
 from ._base import Optimizer, stack_like
 
@@ -41,7 +41,7 @@ class OptaxOptimizer(Optimizer):
         inits = [self._transform(group).init for group in self.param_groups]
         values = [[p.stored for p in group["params"]] for group in self.param_groups]
         states = jax.jit(lambda values: [init(v) for init, v in zip(inits, values)])(values)
-        self._tx_state = _state.StateRef(
+        self._tx_state = _step.StateRef(
             states, name=f"{type(self).__name__}.optax_state", skippable=True
         )
 

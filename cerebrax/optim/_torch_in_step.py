@@ -15,7 +15,7 @@ step would repeat the first. So a global torch optimizer step pre-hook (installe
 before a traced step's program is first built) watches for a torch optimizer stepping
 while a step is traced. It refuses an optimizer cerebrax cannot convert
 (:func:`~cerebrax.optim._from_torch.check_convertible`), at trace time; otherwise it
-abandons the trace (:class:`cerebrax.trace.Retrace`), the optimizer is converted with
+abandons the trace (:class:`cerebrax.traced.Retrace`), the optimizer is converted with
 :func:`~cerebrax.optim.from_torch` (groups, hyperparameters and state carried), the
 torch schedulers bound to it get their closed forms (:mod:`._torch_schedulers`), and
 the step is traced again.
@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _state, trace
+from .. import _step
 from .._filters import is_torch_tensor
-from .._interop import as_jax
 from .._runtime import RUNTIME
+from .._step import as_jax
+from .._step import traced
 from ..errors import ConfigError, StateError
 from ._base import Optimizer
 from ._from_torch import check_convertible, from_torch
@@ -112,11 +113,11 @@ def install_hook() -> None:
     RUNTIME.torch_step_hook = register_optimizer_step_pre_hook(_on_torch_step)
 
 
-trace.before_build(install_hook)
+traced.before_build(install_hook)
 
 
 def _on_torch_step(optimizer: Any, args: tuple, kwargs: dict) -> None:
-    ctx = _state.active_context()
+    ctx = _step.active_context()
     if ctx is None:
         return None  # an eager torch step: torch's business
     name = f"torch.optim.{type(optimizer).__name__}"
@@ -126,7 +127,7 @@ def _on_torch_step(optimizer: Any, args: tuple, kwargs: dict) -> None:
     except ConfigError as e:
         step = getattr(getattr(ctx, "step", None), "__name__", "?")
         raise ConfigError(MSG_NOT_CONVERTED.format(name=name, step=step, why=e)) from None
-    raise trace.Retrace(functools.partial(convert, optimizer), f"{name}.step() in a step")
+    raise traced.Retrace(functools.partial(convert, optimizer), f"{name}.step() in a step")
 
 
 def _check_hooks(optimizer: Any) -> None:
@@ -223,13 +224,13 @@ class Conversion:
 
     def current(self) -> Optimizer | None:
         """The converted optimizer, unless ``cstorch.reset()`` made it stale."""
-        return self.optimizer if self.optimizer.generation == _state.current_generation() \
+        return self.optimizer if self.optimizer.generation == _step.current_generation() \
             else None
 
     def ensure_current(self) -> None:
-        """Inside a trace: converts again (a :class:`~cerebrax.trace.Retrace`) when stale."""
+        """Inside a trace: converts again (a :class:`~cerebrax.traced.Retrace`) when stale."""
         if self.current() is None:
-            raise trace.Retrace(self.convert_again, "a torch optimizer after cstorch.reset()")
+            raise traced.Retrace(self.convert_again, "a torch optimizer after cstorch.reset()")
 
     def convert_again(self) -> None:
         """Converts the stale optimizer's last state (and its schedulers') again."""
@@ -242,7 +243,7 @@ class Conversion:
 
     def before_optimizer_step(self) -> None:
         """Inside a trace, before the optimizer steps (see :attr:`fresh`)."""
-        ctx = _state.active_context()
+        ctx = _step.active_context()
         if ctx is None:
             return
         self.ensure_current()
@@ -250,12 +251,12 @@ class Conversion:
         self.fresh = set()
         self._stepped = weakref.ref(ctx)
         if early:
-            raise trace.Retrace(functools.partial(self._roll_back, dict(early)),
+            raise traced.Retrace(functools.partial(self._roll_back, dict(early)),
                                 "a torch scheduler stepped before its optimizer")
 
     def before_scheduler_step(self, scheduler: Any) -> None:
         """Inside a trace, before a converted scheduler steps."""
-        ctx = _state.active_context()
+        ctx = _step.active_context()
         if ctx is None:
             return
         self.ensure_current()
@@ -357,7 +358,7 @@ def _check_write(conversion: Conversion, index: int, key: str) -> None:
     other = conversion.closed_form_scheduler()
     if scheduler is not None and "_cerebrax" not in vars(scheduler):
         name = type(scheduler).__name__
-        if _state.active_context() is not None:
+        if _step.active_context() is not None:
             raise ConfigError(MSG_LATE_SCHEDULER.format(name=name))
         if other is not None:
             raise ConfigError(MSG_SECOND_SCHEDULER.format(name=name,
@@ -394,7 +395,7 @@ class _OptimizerFacade:
     def state(self) -> Mapping:
         """Each torch parameter's state (torch tensors), read from the converted state;
         a snapshot, read-only (outside a traced step only)."""
-        if _state.active_context() is not None:
+        if _step.active_context() is not None:
             raise StateError("optimizer.state of a converted torch optimizer is read "
                              "outside the traced step (it holds the values of the last step).")
         params = [p for group in _conversion(self).params for p in group]
@@ -413,7 +414,7 @@ class _OptimizerFacade:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The converted optimizer's ``zero_grad``."""
         conversion = _conversion(self)
-        if _state.active_context() is not None:
+        if _step.active_context() is not None:
             conversion.ensure_current()
         conversion.optimizer.zero_grad(set_to_none)
 
@@ -499,7 +500,7 @@ class _ConvertedScheduler:
     def last_epoch(self) -> Any:
         """The step counter (an int outside a traced step, a traced array inside)."""
         value = _scheduler_link(self).cerebrax.last_epoch
-        return value if _state.active_context() is not None else int(value)
+        return value if _step.active_context() is not None else int(value)
 
     @last_epoch.setter
     def last_epoch(self, value: int) -> None:
@@ -585,7 +586,7 @@ class _RefusedScheduler:
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """torch's step, outside a traced step only."""
-        if _state.active_context() is not None:
+        if _step.active_context() is not None:
             raise refusal(type(self).__name__, _scheduler_link(self).plan.reason)
         return super().step(*args, **kwargs)
 

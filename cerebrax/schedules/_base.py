@@ -30,9 +30,8 @@ import numpy as np
 import optax
 from jax.typing import ArrayLike
 
-from .. import _state
+from .._step import StateRef, deferrable, live_optimizers
 from ..errors import ConfigError
-from .._trace_context import deferrable
 from ._signature import resolve_on_inspection
 
 if TYPE_CHECKING:
@@ -156,7 +155,7 @@ class LRScheduler(abc.ABC):
     def __init__(self, optimizer: ScheduledOptimizer, total_iters: int | None = None,
                  last_epoch: int = -1, param_group_tags: ParamGroupTags = None):
         name = type(self).__name__
-        if not any(optimizer is opt for opt in _state.live_optimizers()):
+        if not any(optimizer is opt for opt in live_optimizers()):
             raise ConfigError(
                 f"{name} needs a cerebrax optimizer (cstorch.optim.*), got "
                 f"{type(optimizer).__name__}. torch.optim optimizers cannot be scheduled."
@@ -172,7 +171,7 @@ class LRScheduler(abc.ABC):
                 f"{name} writes {self.param_group_key!r}, which param group {missing[0]} of "
                 f"{type(optimizer).__name__} does not have"
             )
-        self._counter = _state.StateRef(
+        self._counter = StateRef(
             np.int32(last_epoch), name=f"{type(self).__name__}.last_epoch", skippable=True
         )
         self.step()

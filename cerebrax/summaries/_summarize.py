@@ -19,9 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _closures, _state
+from .. import _step
 from .._placement import to_host
-from .._trace_context import DeferredValue
+from .._step import DeferredValue
 from ..errors import ConfigError, StateError
 
 __all__ = ["summarize_scalar", "summarize_tensor"]
@@ -36,8 +36,8 @@ Summarize an array computed in the step instead, e.g.
 
 
 def _writer_and_step() -> tuple[Any, int] | None:
-    executor = _closures.current_executor()
-    step = _closures.running_step()
+    executor = _step.current_executor()
+    step = _step.running_step()
     if executor is None or executor.writer is None or step is None:
         return None
     return executor.writer, getattr(executor.writer, "base_step", 1) + step
@@ -78,7 +78,7 @@ def _check_add_tensor(writer: Any) -> None:
 def _check(kind: str, name: Any, value: Any) -> None:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"summarize_{kind} needs a non-empty string name, got {name!r}.")
-    ctx = _state.active_context()
+    ctx = _step.active_context()
     python_number = isinstance(value, (int, float, complex)) and not isinstance(value, np.generic)
     if ctx is not None and python_number:
         raise StateError(
@@ -90,17 +90,17 @@ def _check(kind: str, name: Any, value: Any) -> None:
             f"summarize_scalar({name!r}, ...) needs a single value, got shape "
             f"{np.shape(value)}. Reduce it (e.g. .mean()) or use summarize_tensor."
         )
-    executor = _closures.current_executor()
+    executor = _step.current_executor()
     if kind == "tensor" and executor is not None and executor.writer is not None:
         _check_add_tensor(executor.writer)
 
 
 def _submit(write: Any, name: str, value: Any) -> None:
-    if _closures.running_step() is not None:
+    if _step.running_step() is not None:
         # Called from inside a running closure: its values are already on the host.
         write(name, to_host(value))
         return
-    _closures.record(write, (name, value), {}, "summary")
+    _step.record_closure(write, (name, value), {}, "summary")
 
 
 def summarize_scalar(name: str, value: jax.typing.ArrayLike) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _state
+from .. import _step
 from .._filters import is_prng_key
 from ..errors import ConfigError
 
@@ -74,9 +74,9 @@ class MemoryReport:
 
 def _optimizer_ref_ids() -> set[int]:
     ids = set()
-    for opt in _state.live_optimizers():
+    for opt in _step.live_optimizers():
         for value in vars(opt).values():
-            if isinstance(value, _state.StateRef):
+            if isinstance(value, _step.StateRef):
                 ids.add(id(value))
     return ids
 
@@ -147,7 +147,7 @@ def report_for_compiled(step: Any, compiled: Any) -> MemoryReport:
             per_leaf = [None] * len(leaves)
         local = sum(_leaf_bytes(x, s) for x, s in zip(leaves, per_leaf))
         total = sum(_leaf_bytes(x) for x in leaves)
-        if isinstance(ref, _state.Parameter):
+        if isinstance(ref, _step.Parameter):
             params += local
             params_total += total
             largest = max([largest] + [_leaf_bytes(x) for x in leaves])

@@ -15,7 +15,7 @@ import pytest
 from helpers import batches, compiled_mlp, mlp_apply, mlp_params, xent
 
 import cerebrax as cstorch
-from cerebrax import _state
+from cerebrax import _step
 
 
 def _poisoned(loss, logits, poison):
@@ -174,7 +174,7 @@ def test_update_if_finite_keeps_marked_state_in_a_skipped_step():
     def run(mark: bool) -> list[float]:
         cstorch.reset()
         model = compiled_mlp("CSX")
-        counter = _state.StateRef(jnp.float32(0), name="custom counter")
+        counter = _step.StateRef(jnp.float32(0), name="custom counter")
         optimizer = _CountingSGD(model.parameters(), counter, lr=0.1)
         scaler = cstorch.amp.GradScaler(loss_scale="dynamic")
         if mark:

@@ -24,7 +24,7 @@ from bridge_zoo import rel_err, seeded
 
 import cerebrax as cstorch
 import torch_bridge
-from cerebrax._interop import to_torch, torch_to_jax
+from cerebrax._step import to_torch, torch_to_jax
 from helpers import CSTORCH_ADAMW
 
 

@@ -25,15 +25,15 @@ import greenlet
 import jax
 import jax.numpy as jnp
 
+from .._filters import is_torch_tensor
+from ..errors import StateError
 from . import _closures, _grad_regions, _state
+from ._active_context import ActiveContext, active_context
 from ._grad_regions import SUSPENDED
-from ._filters import is_torch_tensor
 from ._interop import as_jax, torch_to_jax
-from ._runtime import RUNTIME
-from .errors import StateError
 
 if TYPE_CHECKING:
-    from .trace import TracedStep
+    from .traced import TracedStep
 
 __all__ = ["DeferredValue", "StepRecord", "TraceContext", "backward", "context_with_grads", "deferrable",
            "deferrable_function", "with_jax_gradients"]
@@ -112,14 +112,26 @@ class StepRecord:
 
 
 class TraceContext:
-    """The state of one trace of a step: where every read and write of state goes."""
+    """The state of one trace of a step: where every read and write of state goes.
+
+    Args:
+      step: the traced step being traced.
+      refs, values: every state slot of the step's program, and its value (a tracer).
+      backend: the backend the program is built for.
+      differentiated: the parameters the step differentiates, in order.
+      aliases: ``(original, compiled parameter)`` pairs, the torch parameters that
+        compiled parameters stand for (:func:`cerebrax._step.parameter_aliases`): torch
+        code in the step reads their values, sets their ``.grad`` and runs their hooks.
+    """
 
     def __init__(self, step: TracedStep, refs: list[_state.StateRef], values: list, *,
-                 backend: Any, differentiated: list[_state.Parameter]):
+                 backend: Any, differentiated: list[_state.Parameter],
+                 aliases: list[tuple[Any, _state.Parameter]]):
         self.step = step
         self.values: dict[_state.StateRef, Any] = dict(zip(refs, values))
         self.backend = backend
         self._differentiated = differentiated
+        self._aliases = list(aliases)
         self.phase = "forward"
         self.diff: dict[_state.Parameter, Any] = {}
         self.loss: jax.Array | None = None
@@ -140,7 +152,7 @@ class TraceContext:
         self.torch_grads: dict[_state.Parameter, Any] = {}
         self._torch_code = False  # True while torch code runs after loss.backward()
         self._jax_code = 0  # > 0 inside an optimizer's own step (see with_jax_gradients)
-        # torch.autograd.grad regions (cerebrax._grad_regions), and the torch tensors
+        # torch.autograd.grad regions (cerebrax._step._grad_regions), and the torch tensors
         # made in the forward pass so far (weak references).
         self.regions: list = []
         self.made: list = []
@@ -425,7 +437,7 @@ class TraceContext:
                 "thread or greenlet of its own). Call it in the step function.")
         self.suspend(SUSPENDED)
 
-    # ---- differentiation regions (cerebrax._grad_regions) ---------------------------
+    # ---- differentiation regions (cerebrax._step._grad_regions) ---------------------------
     def open_region(self, region: _grad_regions.Region) -> None:
         """Records a region opened at ``region.tensor`` (``x.requires_grad_()``)."""
         self.regions.append(region)
@@ -472,7 +484,7 @@ class TraceContext:
         from torch_bridge import JaxTensor
 
         saved, made = [], {}
-        for original, p in RUNTIME.parameter_aliases.items():
+        for original, p in self._aliases:
             if self.differentiated(p):
                 saved.append((original, original.grad))
                 if p not in made:  # tied originals share one gradient tensor
@@ -496,7 +508,7 @@ def _switch(target: greenlet.greenlet, value: Any) -> Any:
 
     torch keeps its stack of function modes per thread, and the step's code and the
     trace share a thread. Code that suspends inside a mode's handler (``requires_grad_``
-    and ``torch.autograd.grad`` do, see :mod:`cerebrax._grad_regions`) does so with the
+    and ``torch.autograd.grad`` do, see :mod:`cerebrax._step._grad_regions`) does so with the
     modes above the handler popped; the trace must not run on without them, nor the
     step's code resume with the trace's."""
     if "torch" not in sys.modules:
@@ -542,8 +554,7 @@ def _live_torch_parameters(ctx: TraceContext) -> Iterator[None]:
     stand-in tensor whose value is the state's (``torch_bridge.stand_in``); reading or
     setting ``.grad`` and the other attributes keeps the parameter itself. Without it,
     torch code would compute with the values the module was built with, as constants."""
-    aliases = [(original, p) for original, p in RUNTIME.parameter_aliases.items()
-               if p in ctx.values]
+    aliases = [(original, p) for original, p in ctx._aliases if p in ctx.values]
     if not aliases:
         yield
         return
@@ -559,8 +570,7 @@ def _live_torch_parameters(ctx: TraceContext) -> Iterator[None]:
 
 def _apply_parameter_hooks(ctx: TraceContext) -> None:
     """The torch parameters' gradient hooks (``p.register_hook``) on the new gradients."""
-    aliases = [(original, p) for original, p in RUNTIME.parameter_aliases.items()
-               if p in ctx._grads]
+    aliases = [(original, p) for original, p in ctx._aliases if p in ctx._grads]
     if aliases:
         from ._torch_parameters import apply_gradient_hooks
 
@@ -634,7 +644,7 @@ def backward(loss: Any) -> None:
     that consume them (``optimizer.step()``, ``scaler.step``, clipping, scheduler
     steps) run after, in program order.
     """
-    ctx = _state.active_context()
+    ctx = active_context()
     if ctx is None:
         raise StateError(
             "cstorch.backward(loss) must be called inside a step decorated with "
@@ -646,10 +656,10 @@ def backward(loss: Any) -> None:
         ctx.mark_loss(loss)
 
 
-def context_with_grads(what: str) -> TraceContext:
+def context_with_grads(what: str) -> ActiveContext:
     """The active trace context, once its step's gradients exist; ``what`` (the call
     that needs them, e.g. ``"SGD.step()"``) is named in the error otherwise."""
-    ctx = _state.active_context()
+    ctx = active_context()
     if ctx is None:
         raise StateError(
             f"{what} must be called inside a step decorated with @cstorch.trace, after "
@@ -681,7 +691,7 @@ def deferrable(what: str):
     def decorator(method: Callable) -> Callable:
         @functools.wraps(method)
         def wrapper(self, *args: Any, **kwargs: Any):
-            ctx = _state.active_context()
+            ctx = active_context()
             args, kwargs = as_jax(_listed((args, kwargs)))
             if ctx is not None and ctx.after_backward:
                 return ctx.defer(functools.partial(method, self), args, kwargs, what)
@@ -699,7 +709,7 @@ def with_jax_gradients(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any):
-        ctx = _state.active_context()
+        ctx = active_context()
         if ctx is None:
             return method(*args, **kwargs)
         with ctx.jax_gradients():
@@ -714,7 +724,7 @@ def deferrable_function(what: str):
     def decorator(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any):
-            ctx = _state.active_context()
+            ctx = active_context()
             args, kwargs = as_jax(_listed((args, kwargs)))
             if ctx is not None and ctx.after_backward:
                 return ctx.defer(fn, args, kwargs, what)

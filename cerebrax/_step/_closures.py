@@ -12,7 +12,7 @@ state of their own step. Outside an executor a closure runs as soon as its step 
 
 This module owns a closure's whole life, behind a few calls:
 
-- :func:`record` (a decorated closure is called): inside a traced step the call is
+- :func:`record_closure` (a decorated closure is called): inside a traced step the call is
   noted by the trace context and becomes a :class:`ClosureCall`; between steps its
   values are captured and queued (or run at once outside an executor);
 - :func:`split_arguments` (the step's program is built): the array arguments of each
@@ -38,15 +38,16 @@ from typing import Any, Protocol
 
 import jax
 
+from .._filters import is_torch_tensor
+from .._placement import to_host
+from .._runtime import RUNTIME
+from ..errors import StateError
 from . import _state
-from ._filters import is_torch_tensor
+from ._active_context import active_context
 from ._interop import as_jax, to_torch
-from ._placement import to_host
-from ._runtime import RUNTIME
-from .errors import StateError
 
 __all__ = ["ClosureCall", "after_dispatch", "checkpoint_closure", "current_executor",
-           "drain", "executor_scope", "record", "running_step", "split_arguments",
+           "drain", "executor_scope", "record_closure", "running_step", "split_arguments",
            "step_closure"]
 
 MSG_STALE_READ = """\
@@ -116,9 +117,9 @@ class _AsTorch:
 
 # ---- recording ------------------------------------------------------------------------
 
-def record(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str) -> None:
+def record_closure(fn: Callable[..., Any], args: tuple, kwargs: dict, kind: str) -> None:
     """A closure of ``kind`` ("step", "checkpoint" or "summary") was called."""
-    ctx = _state.active_context()
+    ctx = active_context()
     if ctx is not None:
         ctx.add_closure(fn, args, kwargs, kind)
         return
@@ -338,7 +339,7 @@ def step_closure(fn: Callable[..., Any]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def closure(*args: Any, **kwargs: Any) -> None:
-        record(fn, args, kwargs, "step")
+        record_closure(fn, args, kwargs, "step")
 
     closure.__cerebrax_closure__ = "step"  # type: ignore[attr-defined]
     return closure
@@ -356,7 +357,7 @@ def checkpoint_closure(fn: Callable[..., Any]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def closure(*args: Any, **kwargs: Any) -> None:
-        record(fn, args, kwargs, "checkpoint")
+        record_closure(fn, args, kwargs, "checkpoint")
 
     closure.__cerebrax_closure__ = "checkpoint"  # type: ignore[attr-defined]
     return closure

@@ -1,5 +1,6 @@
 """Torch parameters read inside a traced step: the torch function mode behind
-``TraceContext``'s live parameters (see ``_trace_context._live_torch_parameters``).
+``TraceContext``'s live parameters (see ``_trace_context._live_torch_parameters``), and
+their gradient hooks applied to the step's gradients.
 
 Only imported where torch is (a compiled torch module exists)."""
 
@@ -16,11 +17,12 @@ from torch.overrides import TorchFunctionMode
 
 from torch_bridge import JaxTensor, stand_in, to_jax
 
-from . import _grad_regions, _state
-from ._runtime import RUNTIME
-from .errors import UnsupportedOpError
+from .._runtime import RUNTIME
+from ..errors import UnsupportedOpError
+from . import _grad_regions
+from ._active_context import active_context
 
-__all__ = ["ParameterReads", "apply_gradient_hooks", "hook_signature"]
+__all__ = ["ParameterReads", "apply_gradient_hooks"]
 
 MSG_HOOK_IN_STEP = """\
 {what} on a compiled model's parameter was called inside a traced step. The step is
@@ -94,14 +96,14 @@ class _TorchWrites:
 
     @property
     def value(self) -> Any:
-        ctx = _state.active_context()
+        ctx = active_context()
         if ctx is not None and ctx.after_backward and ctx.deferred:
             raise UnsupportedOpError(MSG_AFTER_JAX_BACKWARD.format(what="reads"))
         return self.parameter.value
 
     @value.setter
     def value(self, new: Any) -> None:
-        ctx = _state.active_context()
+        ctx = active_context()
         if ctx is None:
             self.parameter.value = new
             return
@@ -219,13 +221,6 @@ class ParameterReads(TorchFunctionMode):
                 old=tuple(target.shape), new=tuple(value.shape)))
         with torch.no_grad():
             target.copy_(value)
-
-
-def hook_signature(originals: Any) -> tuple:
-    """The gradient hooks registered on torch parameters ``originals`` now: which
-    hooks, on which parameter, in order (a traced step applies the ones it saw)."""
-    return tuple((id(t), tuple(t._backward_hooks or {}))
-                 for t in originals if t._backward_hooks)
 
 
 def apply_gradient_hooks(grads: dict, aliases: list[tuple[Any, Any]]) -> None:

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._filters import is_torch_tensor
-from ._runtime import RUNTIME
+from .._filters import is_torch_tensor
+from .._runtime import RUNTIME
 
 __all__ = ["as_jax", "mark_torch_origin", "to_numpy", "to_torch", "torch_origin", "torch_to_jax"]
 

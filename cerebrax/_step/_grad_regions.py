@@ -1,7 +1,7 @@
 """``torch.autograd.grad`` inside a traced step: nested differentiation regions.
 
 A traced step differentiates its loss with respect to the optimizers' parameters with
-one ``jax.vjp`` (:mod:`cerebrax._trace_context`). Torch code in the step can also ask
+one ``jax.vjp`` (:mod:`cerebrax._step._trace_context`). Torch code in the step can also ask
 for gradients with respect to a tensor of its own, as a gradient penalty does::
 
     x = x.clone().requires_grad_(True)
@@ -32,16 +32,13 @@ otherwise accepted: the step's own backward pass never needs the torch graph.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from . import _state
-from .errors import UnsupportedOpError
-
-if TYPE_CHECKING:
-    from ._trace_context import TraceContext
+from ..errors import UnsupportedOpError
+from ._active_context import ActiveContext, active_context
 
 __all__ = ["SUSPENDED", "Close", "Open", "Region", "grad", "region_of", "requires_grad_",
            "serve"]
@@ -97,8 +94,8 @@ class Close:
     results: dict = dataclasses.field(default_factory=dict)
 
 
-def _context() -> TraceContext | None:
-    ctx = _state.active_context()
+def _context() -> ActiveContext | None:
+    ctx = active_context()
     return ctx if ctx is not None and getattr(ctx, "worker", None) is not None else None
 
 
@@ -162,7 +159,7 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, retain_graph: Any 
     return tuple(grads)
 
 
-def serve(ctx: TraceContext, message: Any) -> Any:
+def serve(ctx: ActiveContext, message: Any) -> Any:
     """Serves the step's requests until it finishes or suspends at its backward:
     returns that message (:class:`Close` requests reach the region they close)."""
     while isinstance(message, Open):
@@ -170,7 +167,7 @@ def serve(ctx: TraceContext, message: Any) -> Any:
     return message
 
 
-def _open(ctx: TraceContext, tensor: Any) -> Any:
+def _open(ctx: ActiveContext, tensor: Any) -> Any:
     from torch_bridge import assign, is_view, recording
 
     region = Region(tensor, _value_of(tensor))
@@ -210,7 +207,7 @@ def _open(ctx: TraceContext, tensor: Any) -> Any:
     return message
 
 
-def _region_outputs(ctx: TraceContext, message: Any) -> list:
+def _region_outputs(ctx: ActiveContext, message: Any) -> list:
     if isinstance(message, Close):
         return list(message.outputs)
     if message is SUSPENDED:
@@ -218,7 +215,7 @@ def _region_outputs(ctx: TraceContext, message: Any) -> list:
     return []
 
 
-def _restore(ctx: TraceContext, aux: dict, tensors: list, message: Any, assign: Any) -> None:
+def _restore(ctx: ActiveContext, aux: dict, tensors: list, message: Any, assign: Any) -> None:
     """Everything the region computed that outlives it, at its value outside."""
     ctx.restore_region_changes(aux["state"])
     for t, value in zip(tensors, aux["tensors"]):

@@ -7,33 +7,33 @@ Outside a traced step a slot holds concrete JAX arrays. Inside a traced step eve
 read and write goes to the active trace context, which maps each slot to the tracer
 that currently stands for it; the step's program takes all slots in and gives all
 slots back, so imperative cstorch code becomes one pure function.
+
+A compiled parameter may stand for an object of the user's model, a torch module's
+``nn.Parameter`` (:func:`alias_parameter`): optimizers take the original object, and a
+traced step hands the links to its trace context (:func:`parameter_aliases`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._placement import readable_tree
+from .._runtime import RUNTIME
+from ..errors import StateError
+from ._active_context import active_context
 from ._interop import as_jax
-from ._placement import readable_tree
-from ._runtime import RUNTIME
-from .errors import StateError
 
-__all__ = ["Parameter", "StateRef", "active_context", "add_read_guard", "current_generation",
-           "live_optimizers", "live_refs", "optimized_parameters", "register_optimizer",
-           "same_structure", "set_state_device", "tracing"]
-
-
-class _Context(Protocol):
-    def read(self, ref: StateRef) -> Any: ...
-    def write(self, ref: StateRef, value: Any) -> None: ...
+__all__ = ["Parameter", "StateRef", "add_read_guard", "alias_parameter", "aliased_parameter",
+           "current_generation", "live_optimizers", "live_refs", "optimized_parameters",
+           "parameter_aliases", "parameter_hooks", "register_optimizer", "same_structure",
+           "set_state_device"]
 
 
 _IDS = itertools.count()  # creation order of slots and optimizers (never reset)
@@ -53,22 +53,6 @@ Right:
     def step(x):
         metric(labels, predictions)
 """
-
-
-def active_context() -> _Context | None:
-    """The trace context of the step being traced, or None outside a traced step."""
-    contexts = RUNTIME.trace_contexts
-    return contexts[-1] if contexts else None
-
-
-@contextlib.contextmanager
-def tracing(context: _Context) -> Iterator[None]:
-    """Sends every read and write of state to ``context`` while the block runs."""
-    RUNTIME.trace_contexts.append(context)
-    try:
-        yield
-    finally:
-        RUNTIME.trace_contexts.pop()
 
 
 def add_read_guard(guard: Callable[[StateRef], None]) -> None:
@@ -334,3 +318,39 @@ def optimized_parameters() -> list[Parameter]:
     if not optimizers:
         params = {r: None for r in live_refs() if isinstance(r, Parameter) and r.requires_grad}
     return list(params)
+
+
+# ---- the user's objects that compiled parameters stand for ---------------------------------
+def alias_parameter(original: Any, p: Parameter) -> None:
+    """Records that ``original``, an object of the user's model (a torch module's
+    ``nn.Parameter``), stands for the compiled parameter ``p``: an optimizer given
+    ``original`` trains ``p`` (:func:`aliased_parameter`), and torch code in a traced step
+    sees ``p``'s value and gradient through it (the traced step hands
+    :func:`parameter_aliases` to its trace context). Compiling the module again links
+    ``original`` to the new parameter instead.
+
+    The link lasts while ``original`` lives, until ``cstorch.reset()``, and keeps ``p``
+    (and so its compiled model) alive meanwhile: a script that keeps only the torch module
+    still builds optimizers from its parameters, and its ``state_dict()`` still reads the
+    compiled state.
+    """
+    RUNTIME.parameter_aliases[original] = p
+
+
+def aliased_parameter(obj: Any) -> Parameter | None:
+    """The compiled parameter ``obj`` stands for (:func:`alias_parameter`), or None."""
+    return RUNTIME.parameter_aliases.get(obj)
+
+
+def parameter_aliases() -> list[tuple[Any, Parameter]]:
+    """Every ``(original, compiled parameter)`` link whose original lives, in the order
+    the originals were first linked."""
+    return RUNTIME.parameter_aliases.items()
+
+
+def parameter_hooks() -> tuple:
+    """The gradient hooks registered now on the originals of :func:`parameter_aliases`:
+    which hooks, on which torch parameter, in order. A traced step applies the hooks it
+    saw when it was built, and checks before each call that they are still the same."""
+    return tuple((id(t), tuple(t._backward_hooks or {}))
+                 for t, _ in parameter_aliases() if t._backward_hooks)
