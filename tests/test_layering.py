@@ -26,6 +26,7 @@ PACKAGES = ("cerebrax", "torch_bridge")
 LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.errors", "cerebrax._version"),
     ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement", "cerebrax._torch_compat"),
+    ("cerebrax._tree",),
     ("cerebrax._debug_names",),
     ("torch_bridge.ops",),
     ("torch_bridge",),
@@ -355,6 +356,54 @@ def test_one_definition_of_is_array():
     pattern = re.compile(r"def _?is_array\b")
     hits = [str(p.relative_to(ROOT)) for p in MODULES.values() if pattern.search(p.read_text())]
     assert hits == ["cerebrax/_filters.py"]
+
+
+# ---- one way to split a tree ------------------------------------------------------------
+def _placeholder_merges(tree: ast.AST) -> list[int]:
+    """Lines where a pytree is rebuilt from a placeholder list of its own making: an
+    ``unflatten`` (JAX's or torch's) fed by a conditional expression that draws the next
+    array (``[next(it) if x is SLOT else x for x in leaves]``), directly or through a
+    name assigned in the same function. That is :func:`cerebrax._tree.combine`'s job."""
+    def draws_next(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.IfExp) and any(
+            isinstance(b, ast.Call) and isinstance(b.func, ast.Name) and b.func.id == "next"
+            for b in (n.body, n.orelse)) for n in ast.walk(node))
+
+    found = []
+    for function in [n for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]:
+        drawn = {t.id for n in ast.walk(function) if isinstance(n, ast.Assign)
+                 and draws_next(n.value) for t in n.targets if isinstance(t, ast.Name)}
+        for call in [n for n in ast.walk(function) if isinstance(n, ast.Call)]:
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(
+                call.func, "id", "")
+            if name.endswith("unflatten") and any(
+                    draws_next(a) or (isinstance(a, ast.Name) and a.id in drawn)
+                    for a in call.args):
+                found.append(call.lineno)
+    return sorted(set(found))
+
+
+def test_trees_are_split_and_merged_by_one_module():
+    found = [f"{name}:{line}" for name, path in MODULES.items() if name != "cerebrax._tree"
+             for line in _placeholder_merges(ast.parse(path.read_text()))]
+    assert not found, ("a tree rebuilt around placeholders outside cerebrax._tree; use "
+                       "partition / combine:\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f(t, s, a):\n    it = iter(a)\n"
+     "    return jax.tree.unflatten(t, [next(it) if x is None else x for x in s])\n", 1),
+    ("def f(t, s, a):\n    it = iter(a)\n    leaves = [next(it) if x is S else x for x in s]\n"
+     "    return pytree.tree_unflatten(leaves, t)\n", 1),
+    ("def f(t, s, a):\n    it = iter(a)\n"
+     "    return t.unflatten([x if x is not S else next(it) for x in s])\n", 1),
+    ("def f(t, leaves):\n"
+     "    return jax.tree.unflatten(t, [np.asarray(x) if ok(x) else x for x in leaves])\n", 0),
+    ("def f(t, leaves):\n    return jax.tree.unflatten(t, leaves)\n", 0),
+])
+def test_the_placeholder_merge_check_sees_each_form(source, expected):
+    assert len(_placeholder_merges(ast.parse(source))) == expected
 
 
 # ---- one owner of a traced step's state ---------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from cerebrax._filters import is_array
+from cerebrax._tree import combine, partition_leaves
 
 from . import ops as _ops  # noqa: F401  (registers the built-in lowerings)
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
@@ -42,7 +43,6 @@ def _named_state(
 
 # Array inputs of a call: jax, numpy and torch arrays, and anything with shape and dtype.
 _is_input_array = functools.partial(is_array, torch=True, like=True)
-_ARRAY = object()  # stands for an array leaf in a call's template
 
 
 def _leaf_signature(x: Any) -> Any:
@@ -286,19 +286,17 @@ class Converted:
         if program.needs_key:
             self._key, key = jax.random.split(self._key)
         fn = self._calls.get(signature)
+        arrays, skeleton = partition_leaves(
+            leaves, spec, lambda x: (to_jax(x), None) if _is_input_array(x) else None)
         if fn is None:
-            template = [_ARRAY if _is_input_array(x) else x for x in leaves]
-            fn = self._calls[signature] = jax.jit(functools.partial(self._call, spec, template))
-        arrays = [to_jax(x) for x in leaves if _is_input_array(x)]
+            fn = self._calls[signature] = jax.jit(functools.partial(self._call, skeleton))
         out, new_buffers = fn(self.params, self.buffers, arrays, key)
         if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(new_buffers)):
             self.buffers = new_buffers
         return pytree.tree_unflatten(out, program.out_spec)
 
-    def _call(self, spec, template, params, buffers, arrays, key):
-        it = iter(arrays)
-        leaves = [next(it) if x is _ARRAY else x for x in template]
-        args, kwargs = pytree.tree_unflatten(leaves, spec)
+    def _call(self, skeleton, params, buffers, arrays, key):
+        args, kwargs = combine(arrays, skeleton)
         return self.run(params, buffers, args, kwargs, key=key, flat=True)
 
     def __repr__(self) -> str:

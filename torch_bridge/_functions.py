@@ -64,6 +64,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from cerebrax._runtime import RUNTIME
+from cerebrax._tree import Skeleton, combine, partition_leaves
 from cerebrax.errors import TensorReadError, UnsupportedOpError
 
 from ._tensor import JaxTensor, mark_used, paused_recording
@@ -193,27 +194,19 @@ class FunctionContext:
 
 
 # ---- one call ------------------------------------------------------------------------------
-class _TensorSlot:
-    def __repr__(self) -> str:
-        return "<tensor>"
-
-
-_TENSOR = _TensorSlot()  # where a tensor goes among a call's leaves
-
-
 @dataclasses.dataclass(eq=False)
 class FunctionCall:
     """One ``Function.apply(...)``: everything about it but the tensors' values.
 
     Attributes:
       function: the ``torch.autograd.Function`` subclass.
-      spec: the torch pytree structure of ``(args, kwargs)`` as forward receives them.
-      leaves: the non-tensor leaves, with ``_TENSOR`` where a tensor goes.
+      skeleton: ``(args, kwargs)`` as forward receives them, but for their tensors
+        (:func:`cerebrax._tree.partition` over torch's pytree), with each tensor's
+        torch dtype.
       inputs: per tensor leaf, its position among forward's inputs (positional
         arguments, then keyword arguments), or None for a tensor nested in an argument
         (a list of tensors): torch gives those no gradient.
       n_inputs: how many inputs forward has (backward returns that many gradients).
-      dtypes: per tensor leaf, its torch dtype.
       requires_grad: per tensor leaf, whether it required grad (the fake run's ctx).
       outputs: per output of forward, a torch dtype (a tensor) or ``("value", v)``;
         set by the forward's first run.
@@ -225,11 +218,9 @@ class FunctionCall:
     """
 
     function: type
-    spec: Any
-    leaves: tuple
+    skeleton: Skeleton
     inputs: tuple[int | None, ...]
     n_inputs: int
-    dtypes: tuple[torch.dtype, ...]
     requires_grad: tuple[bool, ...]
     outputs: tuple | None = None
     tuple_output: bool = False
@@ -242,15 +233,18 @@ class FunctionCall:
         return f"{self.function.__module__}.{self.function.__qualname__}"
 
     @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """Per tensor leaf, its torch dtype."""
+        return self.skeleton.torch_dtypes
+
+    @property
     def setup_context(self) -> bool:
         """Whether forward leaves ctx to a separate ``setup_context`` staticmethod."""
         return torch.autograd.function._is_setup_context_defined(self.function.setup_context)
 
     def arguments(self, tensors: Sequence[Any]) -> tuple[tuple, dict]:
         """``(args, kwargs)`` for forward, with ``tensors`` in the tensor slots."""
-        it = iter(tensors)
-        leaves = [next(it) if x is _TENSOR else x for x in self.leaves]
-        return pytree.tree_unflatten(leaves, self.spec)
+        return combine(tensors, self.skeleton)
 
     def needs_input_grad(self, perturbed: Sequence[bool]) -> tuple[bool, ...]:
         """Per input of forward, whether a differentiated tensor comes in there."""
@@ -262,7 +256,8 @@ class FunctionCall:
 
     def key(self) -> Any:
         """A hashable description: equal keys, equal calls (see ``register_call``)."""
-        return (self.function, str(self.spec), tuple(_frozen(x) for x in self.leaves),
+        return (self.function, str(self.skeleton.treedef),
+                tuple(_frozen(x) for x in self.skeleton.leaves),
                 self.inputs, self.dtypes, self.requires_grad, tuple(k for k, _ in self.state))
 
     def fake(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -323,12 +318,12 @@ def describe(function: type, args: tuple, kwargs: dict) -> tuple[FunctionCall, l
             positions.append(k)
         else:
             positions += [None] * len(pytree.tree_leaves(value))
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    tensors, skeleton = partition_leaves(
+        leaves, spec, lambda x: (x, x.dtype) if isinstance(x, torch.Tensor) else None)
     entry = FunctionCall(
-        function, spec, tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves),
+        function, skeleton,
         tuple(p for p, x in zip(positions, leaves) if isinstance(x, torch.Tensor)),
-        len(inputs), tuple(t.dtype for t in tensors),
-        tuple(bool(t.requires_grad) for t in tensors),
+        len(inputs), tuple(bool(t.requires_grad) for t in tensors),
         state=tuple(capture() for capture in RUNTIME.bridge_keepers))
     return entry, tensors
 

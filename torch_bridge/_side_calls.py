@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from cerebrax._tree import Skeleton, combine, partition
+
 __all__ = ["SideCalls", "exporting_side_calls", "record_side_call"]
 
 _RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar(
@@ -42,9 +44,12 @@ def record_side_call(fn: Callable, args: tuple, kwargs: dict) -> bool:
 @dataclasses.dataclass(frozen=True)
 class _Call:
     fn: Callable
-    spec: Any  # torch pytree spec of (args, kwargs)
-    leaves: tuple  # the non-tensor leaves; None where a graph output goes
-    count: int  # how many graph outputs it takes
+    skeleton: Skeleton  # (args, kwargs) but for their tensors, which are graph outputs
+
+    @property
+    def count(self) -> int:
+        """How many graph outputs it takes."""
+        return len(self.skeleton.torch_dtypes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +76,7 @@ class SideCalls:
             return outputs
         own, values = outputs[: len(outputs) - self.count], iter(outputs[-self.count:])
         for call in self.calls:
-            leaves = [next(values) if x is None else x for x in call.leaves]
-            args, kwargs = pytree.tree_unflatten(leaves, call.spec)
+            args, kwargs = combine(values, call.skeleton)
             call.fn(*args, **kwargs)
         return own
 
@@ -99,8 +103,7 @@ def exporting_side_calls(module: torch.nn.Module) -> Iterator[list[SideCalls]]:
             return out
         tensors = []
         for _, call_args, call_kwargs in recorded:
-            leaves, _ = pytree.tree_flatten((call_args, call_kwargs))
-            tensors += [x for x in leaves if isinstance(x, torch.Tensor)]
+            tensors += _partition(call_args, call_kwargs)[0]
         return out, tensors
 
     module.forward = forward
@@ -111,9 +114,13 @@ def exporting_side_calls(module: torch.nn.Module) -> Iterator[list[SideCalls]]:
             module.forward = original
         else:
             del module.forward
-    calls = []
-    for fn, call_args, call_kwargs in recorded:
-        leaves, spec = pytree.tree_flatten((call_args, call_kwargs))
-        marked = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
-        calls.append(_Call(fn, spec, marked, sum(x is None for x in marked)))
+    calls = [_Call(fn, _partition(call_args, call_kwargs)[1])
+             for fn, call_args, call_kwargs in recorded]
     described.append(SideCalls(tuple(calls)))
+
+
+def _partition(args: tuple, kwargs: dict) -> tuple[list, Skeleton]:
+    """A call's tensors, and the rest (torch's pytree: torch's containers too)."""
+    return partition((args, kwargs),
+                     lambda x: (x, x.dtype) if isinstance(x, torch.Tensor) else None,
+                     flatten=pytree.tree_flatten)

@@ -41,10 +41,11 @@ import jax
 from .._filters import is_torch_tensor
 from .._placement import to_host
 from .._runtime import RUNTIME
+from .._tree import Skeleton, TorchLeaf, combine, partition
 from ..errors import StateError
 from . import _state
 from ._active_context import active_context
-from ._interop import as_jax, to_torch
+from ._interop import to_torch
 
 __all__ = ["ClosureCall", "after_dispatch", "checkpoint_closure", "current_executor",
            "drain", "executor_scope", "record_closure", "running_step", "split_arguments",
@@ -101,18 +102,8 @@ class ClosureCall:
     fn: Callable[..., Any]
     kind: str
     arguments: Any
-    treedef: Any = None
-    statics: list | None = None  # non-array leaves; None where an array goes
-    slots: list | None = None    # positions of this call's arrays in the closure outputs
-    torch_dtypes: list | None = None  # per array: its torch dtype if it was a torch tensor
-
-
-@dataclasses.dataclass(frozen=True)
-class _AsTorch:
-    """A closure argument that was a torch tensor in the step: it arrives as one."""
-
-    array: Any
-    dtype: Any
+    skeleton: Skeleton | None = None  # ``(args, kwargs)`` but for their arrays
+    first: int = 0  # where this call's arrays start among the closure outputs
 
 
 # ---- recording ------------------------------------------------------------------------
@@ -150,19 +141,9 @@ def split_arguments(calls: list[ClosureCall], unroute: Callable[[Any], Any]) -> 
     """
     arrays: list = []
     for call in calls:
-        leaves, call.treedef = jax.tree.flatten(unroute(call.arguments),
-                                                is_leaf=is_torch_tensor)
-        call.statics, call.slots, call.torch_dtypes = [], [], []
-        for leaf in leaves:
-            torch_dtype = leaf.dtype if is_torch_tensor(leaf) else None
-            leaf = as_jax(leaf)
-            if isinstance(leaf, jax.Array):
-                call.slots.append(len(arrays))
-                call.statics.append(None)
-                call.torch_dtypes.append(torch_dtype)
-                arrays.append(leaf)
-            else:
-                call.statics.append(leaf)
+        found, call.skeleton = partition(unroute(call.arguments))
+        call.first = len(arrays)
+        arrays.extend(found)
     return arrays
 
 
@@ -179,10 +160,7 @@ def after_dispatch(calls: list[ClosureCall], closure_arrays: list, outputs: list
     RUNTIME.last_outputs = outputs
     executor = current_executor()
     for call in calls:
-        it = iter(zip(call.slots, call.torch_dtypes))
-        leaves = [_argument(closure_arrays, *next(it)) if s is None else s
-                  for s in call.statics]
-        args, kwargs = jax.tree.unflatten(call.treedef, leaves)
+        args, kwargs = combine(closure_arrays[call.first:], call.skeleton, torch=TorchLeaf)
         if executor is None:
             if call.kind == "checkpoint":
                 raise StateError(MSG_CHECKPOINT_OUTSIDE.format(
@@ -248,24 +226,16 @@ def running_step() -> int | None:
     return None if entry is None else entry.step
 
 
-def _argument(arrays: list, slot: int, torch_dtype: Any) -> Any:
-    array = arrays[slot]
-    return array if torch_dtype is None else _AsTorch(array, torch_dtype)
-
-
 def _materialize(tree: Any) -> Any:
     """``tree`` on the host: numpy arrays, and torch tensors where the step had them."""
-    leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: isinstance(x, _AsTorch))
-    dtypes = [x.dtype if isinstance(x, _AsTorch) else None for x in leaves]
-    arrays = [isinstance(x, (_AsTorch, jax.Array)) for x in leaves]
-    host = to_host([x.array if isinstance(x, _AsTorch) else x for x in leaves])
+    arrays, skeleton = partition(tree)
+    host = to_host(arrays)
     if RUNTIME.cstorch_alias and "torch" in sys.modules:
         # cstorch code gets torch tensors for every value of a step (the learning rate
         # of a param group too), as cstorch's closures do: never numpy.
-        host = [_as_torch(x, d) if a else x for x, d, a in zip(host, dtypes, arrays)]
-    else:
-        host = [x if d is None else to_torch(x, d) for x, d in zip(host, dtypes)]
-    return jax.tree.unflatten(treedef, host)
+        host = [_as_torch(x, d) for x, d in zip(host, skeleton.torch_dtypes)]
+        return combine(host, skeleton)
+    return combine(host, skeleton, torch=to_torch)
 
 
 def _as_torch(x: Any, dtype: Any) -> Any:
@@ -299,12 +269,12 @@ _state.add_read_guard(_guard_stale_read)
 
 
 def _torch_arguments(tree: Any) -> Any:
-    """``tree`` with a step's torch tensors (what a step returned) as :class:`_AsTorch`:
+    """``tree`` with a step's torch tensors (what a step returned) as :class:`TorchLeaf`:
     the closure gets them as host torch tensors, as it does when called in the step."""
     if "torch" not in sys.modules:
         return tree
     return jax.tree.map(
-        lambda x: _AsTorch(x.__jax_array__(), x.dtype)
+        lambda x: TorchLeaf(x.__jax_array__(), x.dtype)
         if is_torch_tensor(x) and hasattr(x, "__jax_array__") else x,
         tree, is_leaf=is_torch_tensor)
 

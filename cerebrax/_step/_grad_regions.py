@@ -37,6 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._tree import combine, jax_array, partition
 from ..errors import UnsupportedOpError
 from ._active_context import ActiveContext, active_context
 
@@ -230,13 +231,11 @@ def _finished_arrays(message: Any) -> list:
     value = getattr(message, "value", None)
     if value is None:
         return []
-    return [x for x in jax.tree.leaves(value) if isinstance(x, jax.Array)]
+    return partition(value, jax_array)[0]
 
 
 def _set_finished_arrays(message: Any, arrays: list) -> None:
-    it = iter(arrays)
-    message.value = jax.tree.map(lambda x: next(it) if isinstance(x, jax.Array) else x,
-                                 message.value)
+    message.value = combine(arrays, partition(message.value, jax_array)[1])
 
 
 def _set_grad(tensor: Any, g: jax.Array) -> None:

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from .._filters import is_torch_tensor
+from .._tree import Skeleton, combine, jax_array, partition
 from ..errors import StateError
 from . import _closures, _grad_regions, _state
 from ._active_context import ActiveContext, active_context
@@ -80,16 +81,12 @@ class DeferredValue:
 
 @dataclasses.dataclass
 class _Routed:
-    """A pytree whose array leaves travel separately (out of the differentiated pass)."""
+    """A pytree whose arrays travel separately (out of the differentiated pass): they are
+    ``aux[first:]``, in the places of ``skeleton``."""
 
-    treedef: Any
-    leaves: list  # non-array leaves as they are; array leaves replaced by _Slot
+    skeleton: Skeleton | None
+    first: int = 0
     inline: Any = None  # set when the tree was not routed (built after the forward)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Slot:
-    index: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,25 +314,17 @@ class TraceContext:
         if self.live is not None:
             tree = self.live.resolve(tree)
         if self.phase != "forward":
-            return _Routed(None, [], inline=tree)
-        leaves, treedef = jax.tree.flatten(tree)
-        out = []
-        for leaf in leaves:
-            if isinstance(leaf, jax.Array):
-                out.append(_Slot(len(self.aux)))
-                self.aux.append(leaf)
-            else:
-                out.append(leaf)
-        return _Routed(treedef, out)
+            return _Routed(None, inline=tree)
+        arrays, skeleton = partition(tree, jax_array)
+        routed = _Routed(skeleton, len(self.aux))
+        self.aux.extend(arrays)
+        return routed
 
     def unroute(self, routed: _Routed) -> Any:
-        if routed.treedef is None:
+        if routed.skeleton is None:
             tree = routed.inline
         else:
-            leaves = [
-                self.aux_out[x.index] if isinstance(x, _Slot) else x for x in routed.leaves
-            ]
-            tree = jax.tree.unflatten(routed.treedef, leaves)
+            tree = combine(self.aux_out[routed.first:], routed.skeleton)
         return jax.tree.map(
             lambda x: x.value if isinstance(x, DeferredValue) else x,
             tree,

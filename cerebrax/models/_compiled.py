@@ -22,6 +22,7 @@ from .._filters import is_array, is_prng_key, is_torch_module, is_torch_tensor
 from .._precision import cast_floating, compute_dtype, torch_autocast_state
 from .._runtime import RUNTIME
 from .._step import as_jax, to_numpy, torch_leaves_to_jax
+from .._tree import ARRAY, combine, partition
 from ..backend import Backend, get_or_create_backend
 from ..errors import ConfigError, StateError
 from ._adapter import ModelAdapter
@@ -316,22 +317,19 @@ class CompiledModel:
         Array inputs are traced; the others (bools, ints, strings) are constants of the
         jitted call, one compile per distinct value, as in a traced step.
         """
-        leaves, treedef = jax.tree.flatten(torch_leaves_to_jax((args, kwargs)))
+        arrays, skeleton = partition(torch_leaves_to_jax((args, kwargs)),
+                                     lambda x: (x, None) if is_array(x) else None)
         train = self.training
-        static = tuple(None if is_array(x) else _static_key(x) for x in leaves)
+        static = tuple(x if x is ARRAY else _static_key(x) for x in skeleton.leaves)
         # The precision policy (set_half_dtype, amp.autocast) and torch's autocast are
         # read when the call is traced, so what they decide is part of the cache key.
-        cache_key = (train, treedef, static,
+        cache_key = (train, skeleton.treedef, static,
                      str(compute_dtype(self.backend, torch_model=self.is_torch)),
                      torch_autocast_state() if self.is_torch else ())
         fn = self._eager.get(cache_key)
         if fn is None:
-            template = [_ARRAY if is_array(x) else x for x in leaves]
-
             def forward(p, b, k, arrays):
-                it = iter(arrays)
-                a, kw = jax.tree.unflatten(treedef, [next(it) if x is _ARRAY else x
-                                                     for x in template])
+                a, kw = combine(arrays, skeleton)
                 return self._forward(p, b, k, a, kw, train)
 
             fn = self._eager[cache_key] = jax.jit(forward)
@@ -341,7 +339,6 @@ class CompiledModel:
             self._rng.value = new
         params = {n: p.value for n, p in self._params.items()}
         buffers = {n: b.value for n, b in self._buffers.items()}
-        arrays = [x for x in leaves if is_array(x)]
         layout = getattr(self.backend, "layout", None)
         if layout is not None:
             # On a wafer mesh every value of the call lives on the mesh (state in its
@@ -359,9 +356,6 @@ class CompiledModel:
         n = sum(int(np.prod(p.shape)) for p in self._params.values())
         return (f"CompiledModel({type(self.model).__name__}, {len(self._params)} parameters, "
                 f"{n:,} values, backend={self.backend.backend_type})")
-
-
-_ARRAY = object()  # stands for an array input in an eager call's template
 
 
 def _static_key(x: Any) -> Any:

@@ -9,6 +9,7 @@ how a key crosses ``shard_map`` and folds per micro-batch.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from .._filters import is_array, is_prng_key
+from .._tree import Skeleton, combine, partition
 from ..errors import ConfigError
 
 
@@ -78,53 +80,63 @@ def _micro_batches(batch: int, num_csx: int, micro: int | None, num_stages: int,
     return per_system // micro
 
 
+def split_inputs(args: tuple, kwargs: dict) -> tuple[list, Skeleton]:
+    """The leaves of a model call that split along the batch, and the rest
+    (:func:`~cerebrax._tree.partition` with :func:`_is_split_input`)."""
+    return partition((args, kwargs), lambda x: (x, None) if _is_split_input(x) else None)
+
+
 @dataclasses.dataclass(frozen=True)
-class _MicroBatchedInputs:
-    """The model call's inputs as flat leaves, and how they split into micro-batches.
+class RowSplit:
+    """A model call's inputs: the leaves split along dim 0, and the rest.
 
     Attributes:
-      leaves, treedef: ``jax.tree.flatten((args, kwargs))``.
-      split: indexes of the leaves split along dim 0 (the arrays); others stay as they are.
-      batch: rows of the whole call.
-      count: micro-batches per system (``M``).
-      rows: rows per micro-batch.
+      split: the split leaves, whole (``[batch, ...]``), in leaf order.
+      skeleton: the call's ``(args, kwargs)`` but for those.
+      rows: rows of one part.
     """
 
-    leaves: tuple
-    treedef: Any
-    split: tuple[int, ...]
+    split: tuple
+    skeleton: Skeleton
+    rows: int
+
+    def arrays(self) -> list:
+        """The leaves that are split, whole (``[batch, ...]``)."""
+        return list(self.split)
+
+    def abstract(self) -> list[jax.ShapeDtypeStruct]:
+        """Shapes and dtypes of the split leaves for one part."""
+        return [jax.ShapeDtypeStruct((self.rows, *x.shape[1:]), x.dtype) for x in self.split]
+
+    def rebuild(self, arrays: Sequence[Any]) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with the split leaves replaced by ``arrays``."""
+        return combine(arrays, self.skeleton)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _MicroBatchedInputs(RowSplit):
+    """The model call's inputs, and how they split into micro-batches (``rows`` each).
+
+    Attributes:
+      batch: rows of the whole call.
+      count: micro-batches per system (``M``).
+    """
+
     batch: int
     count: int
-    rows: int
 
     @classmethod
     def of(cls, args: tuple, kwargs: dict, mesh: Mesh, micro_batch_size: int | None
            ) -> _MicroBatchedInputs:
-        """Flattens the inputs and checks that the batch splits (ConfigError otherwise)."""
-        leaves, treedef = jax.tree.flatten((args, kwargs))
+        """Splits the inputs and checks that the batch splits (ConfigError otherwise)."""
         names = ["inputs" + jax.tree_util.keystr(p)
                  for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
         num_csx, num_stages = mesh.shape["csx"], mesh.shape["stage"]
-        batch = _batch_of(leaves, names)
+        batch = _batch_of(jax.tree.leaves((args, kwargs)), names)
         count = _micro_batches(batch, num_csx, micro_batch_size, num_stages)
-        split = tuple(i for i, x in enumerate(leaves) if _is_split_input(x))
-        return cls(tuple(leaves), treedef, split, batch, count, batch // num_csx // count)
-
-    def arrays(self) -> list:
-        """The leaves that are split, whole (``[batch, ...]``)."""
-        return [self.leaves[i] for i in self.split]
-
-    def abstract(self) -> list[jax.ShapeDtypeStruct]:
-        """Shapes and dtypes of the split leaves for one micro-batch."""
-        return [jax.ShapeDtypeStruct((self.rows, *self.leaves[i].shape[1:]),
-                                     self.leaves[i].dtype) for i in self.split]
-
-    def rebuild(self, arrays: list) -> tuple[tuple, dict]:
-        """``(args, kwargs)`` with the split leaves replaced by ``arrays``."""
-        full = list(self.leaves)
-        for i, x in zip(self.split, arrays):
-            full[i] = x
-        return jax.tree.unflatten(self.treedef, full)
+        split, skeleton = split_inputs(args, kwargs)
+        return cls(split=tuple(split), skeleton=skeleton, rows=batch // num_csx // count,
+                   batch=batch, count=count)
 
 
 def _check_circular_micro_batches(inputs: _MicroBatchedInputs, mesh: Mesh,

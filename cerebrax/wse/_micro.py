@@ -24,8 +24,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._tree import combine
 from ..errors import ConfigError
-from ._inputs import _batch_of, _is_split_input, _micro_batches
+from ._inputs import _batch_of, _micro_batches, split_inputs
 
 __all__ = ["micro_batched_apply"]
 
@@ -44,10 +45,9 @@ def micro_batched_apply(apply: ApplyFn, micro_batch_size: int, num_csx: int,
     Returns the outputs on the whole batch, in the original row order, and the buffers
     after the last micro-batch.
     """
-    leaves, treedef = jax.tree.flatten((args, kwargs))
     names = ["inputs" + jax.tree_util.keystr(p)
              for p, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
-    batch = _batch_of(leaves, names, WHAT)
+    batch = _batch_of(jax.tree.leaves((args, kwargs)), names, WHAT)
     count = _micro_batches(batch, num_csx, micro_batch_size, 1, WHAT)
     if count == 1:
         return apply(params, buffers, args, kwargs, key)
@@ -74,15 +74,12 @@ def micro_batched_apply(apply: ApplyFn, micro_batch_size: int, num_csx: int,
         x = x.reshape(count, num_csx, micro_batch_size, *x.shape[2:]).swapaxes(0, 1)
         return x.reshape(batch, *x.shape[3:])
 
-    array_index = [i for i, x in enumerate(leaves) if _is_split_input(x)]
-    chunks = [split(leaves[i]) for i in array_index]
+    whole, skeleton = split_inputs(args, kwargs)
+    chunks = [split(x) for x in whole]
 
     def body(bufs: dict, inputs: tuple) -> tuple[dict, Any]:
         parts, m = inputs
-        full = list(leaves)
-        for i, x in zip(array_index, parts):
-            full[i] = x
-        a, kw = jax.tree.unflatten(treedef, full)
+        a, kw = combine(parts, skeleton)
         out, new = apply(params, bufs, a, kw, None if key is None else jax.random.fold_in(key, m))
         bufs = {n: new[n].astype(v.dtype) if n in new else v for n, v in bufs.items()}
         return bufs, out

@@ -55,8 +55,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from .._tree import combine, partition
 from ..errors import ConfigError
-from ._inputs import _fold_key, _is_split_input, _key_data
+from ._inputs import RowSplit, _fold_key, _key_data, split_inputs
 from ._pipeline import Layers, Stage, _vary
 
 __all__ = ["streamed_apply"]
@@ -84,7 +85,7 @@ def streamed_apply(layers_for: Callable[[tuple, dict], Layers], layout: Any,
       ``(outputs, buffers)`` like a ``ModelAdapter.apply``, or None where the plan does
       not apply (the caller then runs the model as one global-view call).
     """
-    inputs = _RowSplit.of(args, kwargs, layout.wafer.size)
+    inputs = _row_split(args, kwargs, layout.wafer.size)
     if inputs is None:
         return None
     try:
@@ -100,40 +101,17 @@ def streamed_apply(layers_for: Callable[[tuple, dict], Layers], layout: Any,
 
 
 # ---- the inputs: rows per device ----------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _RowSplit:
-    """The call's inputs as flat leaves; the array leaves are split along dim 0."""
-
-    leaves: tuple
-    treedef: Any
-    split: tuple[int, ...]
-    rows: int  # per device
-
-    @classmethod
-    def of(cls, args: tuple, kwargs: dict, devices: int) -> _RowSplit | None:
-        """None where the inputs have no common batch that ``devices`` divides."""
-        leaves, treedef = jax.tree.flatten((args, kwargs))
-        split = tuple(i for i, x in enumerate(leaves) if _is_split_input(x))
-        dims = {leaves[i].shape[0] if leaves[i].shape else None for i in split}
-        if len(dims) != 1 or None in dims:
-            return None
-        batch = dims.pop()
-        if batch % devices:
-            return None
-        return cls(tuple(leaves), treedef, split, batch // devices)
-
-    def arrays(self) -> list:
-        return [self.leaves[i] for i in self.split]
-
-    def abstract(self) -> list[jax.ShapeDtypeStruct]:
-        return [jax.ShapeDtypeStruct((self.rows, *self.leaves[i].shape[1:]),
-                                     self.leaves[i].dtype) for i in self.split]
-
-    def rebuild(self, arrays: Sequence[Any]) -> tuple[tuple, dict]:
-        full = list(self.leaves)
-        for i, x in zip(self.split, arrays):
-            full[i] = x
-        return jax.tree.unflatten(self.treedef, full)
+def _row_split(args: tuple, kwargs: dict, devices: int) -> RowSplit | None:
+    """The inputs split per device; None where they have no common batch that
+    ``devices`` divides."""
+    split, skeleton = split_inputs(args, kwargs)
+    dims = {x.shape[0] if x.shape else None for x in split}
+    if len(dims) != 1 or None in dims:
+        return None
+    batch = dims.pop()
+    if batch % devices:
+        return None
+    return RowSplit(tuple(split), skeleton, batch // devices)
 
 
 # ---- the plan: groups of layers, gathering ------------------------------------------------
@@ -155,14 +133,14 @@ class _Group:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     layout: Any
-    inputs: _RowSplit
+    inputs: RowSplit
     groups: tuple[_Group, ...]
     specs: dict[str, P]  # each state leaf's PartitionSpec (its shard inside shard_map)
     typed_key: bool
 
     @classmethod
     def of(cls, layers: Layers, layout: Any, params: dict, buffers: dict,
-           inputs: _RowSplit, key: Any) -> _Plan:
+           inputs: RowSplit, key: Any) -> _Plan:
         stages = [layers.stage(i, i + 1) for i in range(len(layers.names))]
         keys = ([layers.signature(i) for i in range(len(stages))]
                 if layers.signature is not None else [None] * len(stages))
@@ -388,28 +366,20 @@ def _scan_fwd(layer, params, buffers, carry, consts):
 def _scan_bwd(layer, res, ct):
     params, buffers, carry0, saved, consts = res
     c0, cdef = jax.tree.flatten(carry0)
-    k0, kdef = jax.tree.flatten(consts)
-    cmask, kmask = [_is_float(x) for x in c0], [_is_float(x) for x in k0]
-
-    def merge(all_leaves, mask, floats):
-        it = iter(floats)
-        return [next(it) if m else x for x, m in zip(all_leaves, mask)]
+    kf0, k_skeleton = partition(consts, _float_leaf)
 
     def step(state, xs):
         ct_c, ct_k = state
         i, sv = xs
-        c_leaves = [c if s is None else s for c, s in zip(c0, sv)]
+        carry = jax.tree.unflatten(cdef, [c if s is None else s for c, s in zip(c0, sv)])
+        cf, c_skeleton = partition(carry, _float_leaf)
         b = _after(_pick(buffers, i), ct_c)
 
         def f(p, cf, kf):
-            c = jax.tree.unflatten(cdef, merge(c_leaves, cmask, cf))
-            k = jax.tree.unflatten(kdef, merge(k0, kmask, kf))
-            out = layer(i, p, b, c, k)
+            out = layer(i, p, b, combine(cf, c_skeleton), combine(kf, k_skeleton))
             return [x for x, m in zip(jax.tree.leaves(out), omask) if m]
 
-        cf = [x for x, m in zip(c_leaves, cmask) if m]
-        kf = [x for x, m in zip(k0, kmask) if m]
-        _, vjp = jax.vjp(f, _after(_pick(params, i), ct_c), cf, kf)
+        _, vjp = jax.vjp(f, _after(_pick(params, i), ct_c), cf, kf0)
         g_p, g_c, g_k = vjp(ct_c)
         return (g_c, [a + g for a, g in zip(ct_k, g_k)]), g_p
 
@@ -417,13 +387,19 @@ def _scan_bwd(layer, res, ct):
     # The layers' output: the next carry (a scan's carry has one structure throughout).
     omask = [x.dtype != jax.dtypes.float0 for x in jax.tree.leaves(ct)]
     ct_floats = [x for x, m in zip(jax.tree.leaves(ct), omask) if m]
-    zeros_k = [_zeros_like(x) for x, m in zip(k0, kmask) if m]
+    zeros_k = [_zeros_like(x) for x in kf0]
     (g_c, g_k), g_p = _loop(step, (ct_floats, zeros_k), n, saved, reverse=True)
     g_params = (g_p,) if n == 1 else tuple(tuple(g[k] for g in g_p) for k in range(n))
     g_buffers = jax.tree.map(_zero_cotangent, buffers)
-    g_carry = jax.tree.unflatten(cdef, merge([_zero_cotangent(x) for x in c0], cmask, g_c))
-    g_consts = jax.tree.unflatten(kdef, merge([_zero_cotangent(x) for x in k0], kmask, g_k))
+    # The other leaves' cotangents are float0 zeros.
+    g_carry = combine(g_c, partition(jax.tree.map(_zero_cotangent, carry0), _float_leaf)[1])
+    g_consts = combine(g_k, partition(jax.tree.map(_zero_cotangent, consts), _float_leaf)[1])
     return g_params, g_buffers, g_carry, g_consts
+
+
+def _float_leaf(x: Any) -> tuple[Any, None] | None:
+    """What the backward pass differentiates: the floating-point leaves."""
+    return (x, None) if _is_float(x) else None
 
 
 def _zeros_like(x: jax.Array) -> jax.Array:

@@ -151,6 +151,21 @@ def test_changed_python_argument_raises_recompile_error():
         step(x, 3.0)
 
 
+def test_an_argument_that_turns_from_array_to_python_value_is_named_as_such():
+    model = compiled_mlp()
+
+    @cstorch.trace
+    def step(x, scale):
+        return model(x).sum() * scale
+
+    x = batches(1)[0][0]
+    step(x, jnp.float32(2.0))
+    with pytest.raises(cstorch.RecompileError) as info:
+        step(x, 3.0)
+    message = str(info.value)
+    assert "`scale` as an array" in message and "the Python value 3.0" in message
+
+
 def test_allow_recompile_compiles_again():
     cstorch.backend("CPU", allow_recompile=True)
     model = compiled_mlp()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import sys
 import time
 import types
 from collections.abc import Callable
@@ -34,8 +33,9 @@ from ..._filters import is_array, is_torch_tensor
 from ..._placement import put_many
 from ..._precision import torch_autocast_state
 from ..._runtime import RUNTIME
-from ..._step import DeferredValue, StepRecord, TraceContext, as_jax, torch_origin, torch_to_jax
+from ..._step import DeferredValue, StepRecord, TraceContext, torch_origin, torch_to_jax
 from ...backend import Backend, current_backend, flags_report, get_or_create_backend
+from ..._tree import ARRAY, Skeleton, combine, partition
 from ...errors import ConfigError, RecompileError, StateError, TensorReadError
 
 __all__ = ["Retrace", "TracedStep", "before_build", "compile_step", "trace", "write_artifacts"]
@@ -145,8 +145,7 @@ class TracedStep:
         self._refs: list[_step.StateRef] = []
         self._diff_refs: list[_step.Parameter] = []
         self._backend = None
-        self._out_spec: tuple | None = None
-        self._out_torch: list = []  # the torch dtype of each output array (None: JAX)
+        self._out_skeleton: Skeleton | None = None  # what the step returns besides arrays
         self._closure_calls: list[_step.ClosureCall] = []
         self._modes: list[tuple[Any, bool]] = []
         self._hooks: tuple = ()  # the torch parameters' gradient hooks the program applies
@@ -157,38 +156,31 @@ class TracedStep:
         self._budget_checked = False  # ClusterConfig.device_memory checked for this program
 
     # ---- input signature -------------------------------------------------------------
-    def _split(self, args: tuple, kwargs: dict):
-        # torch tensors are leaves, not pytrees (only checked once torch is imported).
-        is_leaf = is_torch_tensor if "torch" in sys.modules else None
-        leaves, treedef = jax.tree.flatten((args, kwargs), is_leaf=is_leaf)
-        dynamic, statics, torch_dtypes = [], [], []
-        for leaf in leaves:
+    def _split(self, args: tuple, kwargs: dict) -> tuple[tuple, list, Skeleton]:
+        def array_of(leaf: Any) -> tuple[Any, Any] | None:
             # A torch tensor (or a streamed batch made from one) is a torch tensor of
             # this dtype again in a torch model's step; None: a JAX or numpy input.
-            torch_dtype = torch_origin(leaf)
-            if is_leaf is not None and is_torch_tensor(leaf):
-                torch_dtype = leaf.dtype
-                leaf = torch_to_jax(leaf)
+            if is_torch_tensor(leaf):
+                return torch_to_jax(leaf), leaf.dtype
             if is_array(leaf):
-                dynamic.append(leaf)
-                statics.append(None)
-                torch_dtypes.append(torch_dtype)
-            elif type(leaf).__name__ in _LOADERS:
+                return leaf, torch_origin(leaf)
+            if type(leaf).__name__ in _LOADERS:
                 raise ConfigError(MSG_LOADER_PASSED.format(
                     name=self.__name__, loader=type(leaf).__name__))
-            else:
-                statics.append(leaf)
+            return None
+
+        dynamic, skeleton = partition((args, kwargs), array_of)
         # The program is keyed by the first three; the last (which inputs are torch
         # tensors, and their torch dtypes) is read when the program is built: a later
         # call that passes the same values as JAX arrays (or as torch tensors) runs the
         # same program.
         key = (
-            treedef,
-            tuple(statics),
+            skeleton.treedef,
+            skeleton.leaves,
             tuple((x.shape, x.dtype) for x in dynamic),
-            tuple(torch_dtypes),
+            skeleton.torch_dtypes,
         )
-        return key, dynamic, leaves, treedef
+        return key, dynamic, skeleton
 
     def _argument_name(self, path: tuple) -> str:
         """Names the argument a flattened leaf belongs to, e.g. ``inputs`` or ``batch[0]``."""
@@ -222,7 +214,7 @@ class TracedStep:
         dyn_index = 0
         for path, old_static, new_static in zip(paths, old_statics, new_statics):
             arg = self._argument_name(path)
-            if old_static is None and new_static is None:
+            if old_static is ARRAY and new_static is ARRAY:
                 old = old_shapes[dyn_index]
                 new = new_shapes[dyn_index]
                 dyn_index += 1
@@ -232,6 +224,10 @@ class TracedStep:
                         what=f"argument `{arg}` with shape {old[0]} {old[1]}",
                         new=f"shape {new[0]} {new[1]}",
                     ))
+            elif old_static is ARRAY or new_static is ARRAY:
+                return RecompileError(MSG_RECOMPILE.format(
+                    name=name, what=f"argument `{arg}` as {_input_kind(old_static)}",
+                    new=_input_kind(new_static)))
             elif not _same_static(old_static, new_static):
                 in_list = any(isinstance(k, jax.tree_util.SequenceKey) for k in path[2:])
                 return RecompileError(MSG_RECOMPILE.format(
@@ -244,7 +240,7 @@ class TracedStep:
         return RecompileError(MSG_RECOMPILE.format(name=name, what="other inputs", new="new ones"))
 
     # ---- building the program --------------------------------------------------------
-    def _build(self, key: tuple, treedef: Any, backend: Backend) -> None:
+    def _build(self, key: tuple, skeleton: Skeleton, backend: Backend) -> None:
         for hook in RUNTIME.build_hooks:
             hook()
         self._reset_program()
@@ -252,13 +248,10 @@ class TracedStep:
         self._backend = backend
         self._refs = _step.live_refs()
         self._diff_refs = _step.optimized_parameters()
-        statics = list(key[1])
-        as_torch = _torch_inputs(key[3], self._refs)
+        as_torch = _torch_inputs(self._refs)
 
         def program(state_values: list, dynamic: list):
-            it = iter(as_torch(dynamic))
-            leaves = [next(it) if s is None else s for s in statics]
-            args, kwargs = jax.tree.unflatten(treedef, leaves)
+            args, kwargs = combine(dynamic, skeleton, torch=as_torch)
             ctx = TraceContext(self, self._refs, state_values, backend=backend,
                                differentiated=self._diff_refs,
                                aliases=_step.parameter_aliases())
@@ -287,8 +280,9 @@ class TracedStep:
             # (cerebrax.wse); XLA's SPMD partitioner inserts the collectives.
             self._state_shardings = [layout.state_shardings(ref.stored) for ref in self._refs]
             paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
-                jax.tree.unflatten(treedef, [0] * len(statics)))[0]]
-            names = [self._argument_name(p) for p, s in zip(paths, statics) if s is None]
+                jax.tree.unflatten(skeleton.treedef, [0] * len(skeleton.leaves)))[0]]
+            names = [self._argument_name(p) for p, s in zip(paths, skeleton.leaves)
+                     if s is ARRAY]
             self._input_shardings = [
                 layout.input_sharding(jax.ShapeDtypeStruct(shape, dtype), name)
                 for name, (shape, dtype) in zip(names, key[2])
@@ -307,17 +301,10 @@ class TracedStep:
     def _finish(self, record: StepRecord, old_values: list):
         new_values = [jax.tree.map(_match_dtype, new, old)
                       for new, old in zip(record.values, old_values)]
-        out_leaves, out_def = jax.tree.flatten(
-            record.outputs, is_leaf=lambda x: isinstance(x, DeferredValue) or is_torch_tensor(x)
-        )
         # A torch tensor of the step leaves the program as a JAX array, and comes back to
         # the caller as a torch tensor of its dtype (see __call__).
-        torch_dtypes = [x.dtype if is_torch_tensor(x) else None for x in out_leaves]
-        out_leaves = as_jax(out_leaves)
-        out_arrays = [x for x in out_leaves if isinstance(x, jax.Array)]
-        self._out_torch = [d for x, d in zip(out_leaves, torch_dtypes)
-                           if isinstance(x, jax.Array)]
-        self._out_spec = (out_def, [None if isinstance(x, jax.Array) else x for x in out_leaves])
+        out_arrays, self._out_skeleton = partition(
+            record.outputs, is_leaf=lambda x: isinstance(x, DeferredValue))
         self._closure_calls = list(record.closures)
         return new_values, out_arrays, list(record.closure_arrays)
 
@@ -364,13 +351,13 @@ class TracedStep:
                 "step. Call the inner function directly; only the outer one is traced."
             )
         backend = get_or_create_backend(None)
-        key, dynamic, _, treedef = self._split(args, kwargs)
+        key, dynamic, skeleton = self._split(args, kwargs)
         if self._jit is None or backend is not self._backend:
-            self._build(key, treedef, backend)
+            self._build(key, skeleton, backend)
         elif key[:3] != self._key[:3]:
             if not backend.allow_recompile:
                 raise self._recompile_error(args, kwargs, key)
-            self._build(key, treedef, backend)
+            self._build(key, skeleton, backend)
         else:
             self._check_modes()
         if backend.is_e2e_execution and not self._budget_checked:
@@ -381,9 +368,7 @@ class TracedStep:
         new_states, out_arrays, closure_arrays = self._jit(states, dynamic)
         for ref, value in zip(self._refs, new_states):
             ref.store(value)
-        out_def, out_statics = self._out_spec
-        it = iter(_as_torch_outputs(out_arrays, self._out_torch))
-        out = jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
+        out = combine(out_arrays, self._out_skeleton, torch=_torch_tensor)
         _step.after_dispatch(self._closure_calls, closure_arrays, out_arrays, out,
                                  self.__name__)
         return out
@@ -424,9 +409,7 @@ class TracedStep:
             if budget is not None:
                 wse.check_memory_budget(report, budget, self.__name__)
         _, out_shapes, _ = shapes
-        out_def, out_statics = self._out_spec
-        it = iter(out_shapes)
-        return jax.tree.unflatten(out_def, [next(it) if s is None else s for s in out_statics])
+        return combine(out_shapes, self._out_skeleton)
 
     def _check_memory_budget(self, backend: Backend, dynamic: list) -> None:
         """With ``ClusterConfig(device_memory=...)``: compiles the step ahead of time and
@@ -465,9 +448,9 @@ class TracedStep:
 
     def _lower(self, *args: Any, **kwargs: Any):
         backend = get_or_create_backend(None)
-        key, dynamic, _, treedef = self._split(args, kwargs)
+        key, dynamic, skeleton = self._split(args, kwargs)
         if self._jit is None or key[:3] != self._key[:3]:
-            self._build(key, treedef, backend)
+            self._build(key, skeleton, backend)
         return self._jit.lower(*self._placed(dynamic))
 
     def _placed(self, dynamic: list) -> tuple[list, list]:
@@ -516,23 +499,20 @@ def _device_memory(backend: Any) -> int | None:
     return getattr(getattr(backend, "cluster_config", None), "device_memory", None)
 
 
-def _torch_inputs(torch_dtypes: tuple, refs: list) -> Callable[[list], list]:
+def _torch_inputs(refs: list) -> Callable[[Any, Any], Any] | None:
     """How the step sees its array inputs: torch tensors stay torch tensors.
 
     In a torch-native step (a compiled model is a torch module) every input that came
     in as a torch tensor, directly or streamed by a cstorch DataLoader, is a
     ``torch_bridge.JaxTensor`` (a torch tensor that holds the program's value) of the
-    dtype it came in with (``torch_dtypes``). numpy and JAX inputs stay JAX arrays, and
-    so do the outputs of a model called on them. A step of JAX models computes with
-    JAX arrays, whatever the inputs were.
+    dtype it came in with. numpy and JAX inputs stay JAX arrays, and so do the outputs
+    of a model called on them. A step of JAX models computes with JAX arrays, whatever
+    the inputs were (None: no input is made a tensor).
     """
     models = {id(r.owner): r.owner for r in refs if getattr(r, "owner", None) is not None}
     if not any(getattr(m, "is_torch", False) for m in models.values()):
-        return lambda dynamic: dynamic
-    from torch_bridge import JaxTensor
-
-    return lambda dynamic: [x if d is None else JaxTensor(x, d)
-                            for x, d in zip(dynamic, torch_dtypes)]
+        return None
+    return _torch_tensor
 
 
 def _match_dtype(new: Any, old: Any) -> Any:
@@ -604,14 +584,17 @@ def trace(fn: Callable[..., Any]) -> TracedStep:
 compile_step = trace
 
 
-def _as_torch_outputs(arrays: list, torch_dtypes: list) -> list:
-    """The step's output arrays, those that were torch tensors in the step as torch
-    tensors again (``torch_bridge.JaxTensor`` over the array: no host transfer)."""
-    if not any(d is not None for d in torch_dtypes):
-        return arrays
+def _input_kind(leaf: Any) -> str:
+    """A step input as a recompile error names it."""
+    return "an array" if leaf is ARRAY else f"the Python value {leaf!r}"
+
+
+def _torch_tensor(array: Any, dtype: Any) -> Any:
+    """A torch tensor of ``dtype`` over ``array`` (``torch_bridge.JaxTensor``: no host
+    transfer): an input or output that was a torch tensor is one again."""
     from torch_bridge import JaxTensor
 
-    return [x if d is None else JaxTensor(x, d) for x, d in zip(arrays, torch_dtypes)]
+    return JaxTensor(array, dtype)
 
 
 def _describe_autocast(state: tuple) -> str:
