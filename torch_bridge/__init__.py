@@ -26,6 +26,7 @@ from ._tensor import recording as recording
 from ._tensor import stand_in as stand_in
 from ._tensor import unwrap as unwrap
 from .ops import lowered_ops as lowered_ops
+from .ops.attention import lowering_platform as lowering_platform
 from .ops import lowering as lowering
 from .ops._util import torch_release as _torch_release
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -211,6 +213,15 @@ class Backend:
         """The torch device of the run's torch tensors: always the CPU, since the
         state and the steps live in JAX (on :attr:`jax_device`)."""
         return self.device.torch_device
+
+    def lowering(self) -> contextlib.AbstractContextManager:
+        """The block in which a program for this backend is traced: torch modules'
+        graphs are lowered for its platform (the attention kernel depends on it)."""
+        if "torch_bridge" not in sys.modules:
+            return contextlib.nullcontext()
+        from torch_bridge import lowering_platform
+
+        return lowering_platform(self.jax_device.platform)
 
     def to_cpu(self, tensor: Any) -> Any:
         """A host copy of ``tensor`` (or of every array in a tree of them).

@@ -302,8 +302,9 @@ class CompiledModel:
                 raise ConfigError(MSG_NO_LAYERS.format(kind=type(self.model).__name__))
             return layers
 
-        out, new_buffers = wse.run_model(self.backend, apply, layers_for, params, buffers,
-                                         args, kwargs, key=key)
+        with self.backend.lowering():  # a torch module's graph, for this platform
+            out, new_buffers = wse.run_model(self.backend, apply, layers_for, params, buffers,
+                                             args, kwargs, key=key)
         if dtype is not None:
             out = cast_floating(out, jnp.float32)
             new_buffers = {

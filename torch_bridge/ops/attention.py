@@ -1,9 +1,20 @@
-"""Scaled dot-product attention, kept whole by the export."""
+"""Scaled dot-product attention, kept whole by the export.
+
+Where the graph is lowered for a GPU (:func:`lowering_platform`), attention that cuDNN's
+fused kernel computes (half precision, no dropout, no mask but a causal one, a head size
+it takes) is ``jax.nn.dot_product_attention(..., implementation="cudnn")``: the kernel
+that hand-written JAX uses there, with the T x T scores never in memory. Everything else,
+and every graph lowered for a CPU, keeps cerebrax's own lowering, whose float32 scores
+and softmax follow torch's CPU kernels.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -87,7 +98,57 @@ def _unbroadcast(grad, shape):
 _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
+# The platform the graph being lowered will run on (None: JAX's default backend). The
+# caller that builds the program knows it; the lowering cannot see it in the arrays.
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "torch_bridge_lowering_platform", default=None)
+
+# Head sizes cuDNN's fused attention takes (multiples of 8 up to 128).
+_CUDNN_HEAD_SIZES = range(8, 129, 8)
+
+
+@contextlib.contextmanager
+def lowering_platform(platform: str | None) -> Iterator[None]:
+    """Lowers the graphs traced inside the block for ``platform`` (``"cpu"``, ``"gpu"``;
+    None: JAX's default backend), which decides the attention kernel."""
+    token = _PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+
+
+def fused_attention_fits(q, k, v, attn_mask, dropout_p, platform: str | None) -> bool:
+    """Whether cuDNN's fused attention computes this call: on a GPU, query, key and
+    value of one half-precision dtype in torch's ``(batch, heads, tokens, head size)``,
+    key heads dividing query heads, a head size of 8 to 128 in steps of 8, no dropout
+    and no mask (a causal one is a flag, not a mask)."""
+    platform = platform or jax.default_backend()
+    return (platform in ("gpu", "cuda") and attn_mask is None and dropout_p == 0
+            and q.ndim == k.ndim == v.ndim == 4
+            and q.dtype == k.dtype == v.dtype and q.dtype in (jnp.bfloat16, jnp.float16)
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] in _CUDNN_HEAD_SIZES
+            and k.shape[-3] == v.shape[-3] and q.shape[-3] % k.shape[-3] == 0)
+
+
+def fused_attention(q, k, v, is_causal: bool, scale: float,
+                    implementation: str = "cudnn") -> jax.Array:
+    """``jax.nn.dot_product_attention`` on torch's layout (heads before tokens); key
+    heads that divide the query heads are grouped as ``enable_gqa`` groups them."""
+    def tokens_first(x):
+        return jnp.swapaxes(x, -3, -2)
+
+    out = jax.nn.dot_product_attention(
+        tokens_first(q), tokens_first(k), tokens_first(v), scale=scale,
+        is_causal=is_causal, implementation=implementation)
+    return tokens_first(out)
+
+
 def _attention(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    if (enable_gqa or k.shape[-3] == q.shape[-3]) and fused_attention_fits(
+            q, k, v, attn_mask, dropout_p, _PLATFORM.get()):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return fused_attention(q, k, v, bool(is_causal), float(scale))
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = jnp.repeat(k, rep, axis=-3), jnp.repeat(v, rep, axis=-3)
