@@ -50,13 +50,25 @@ def test_cudnn_is_chosen_only_where_it_fits(change, fits):
                   change.get("head_size", 64), ndim=change.get("ndim", 4))
     mask = jnp.ones((16, 16), bool) if change.get("mask") else None
     found = attention.fused_attention_fits(q, k, v, mask, change.get("dropout", 0.0),
-                                           change.get("platform", "gpu"))
+                                           change.get("platform", "cuda"))
     assert found is fits
+
+
+def _cuda_gpu() -> bool:
+    try:
+        return "cuda" in jax.devices("gpu")[0].client.platform_version.lower()
+    except RuntimeError:
+        return False
+
+
+def test_a_gpu_platform_is_cudas_only_on_an_nvidia_device():
+    q, k, v = qkv()
+    assert attention.fused_attention_fits(q, k, v, None, 0.0, "gpu") is _cuda_gpu()
 
 
 def test_without_a_platform_the_default_backend_decides():
     q, k, v = qkv()
-    expected = jax.default_backend() in ("gpu", "cuda")
+    expected = jax.default_backend() == "gpu" and _cuda_gpu()
     assert attention.fused_attention_fits(q, k, v, None, 0.0, None) is expected
 
 
@@ -121,7 +133,7 @@ def test_on_a_gpu_the_fused_kernel_replaces_the_lowering(monkeypatch):
 
     monkeypatch.setattr(attention, "fused_attention", fused)
     q = jnp.ones((1, 2, 4, 8), jnp.bfloat16)
-    with torch_bridge.lowering_platform("gpu"):
+    with torch_bridge.lowering_platform("cuda"):
         out = attention.scaled_dot_product_attention(None, q, q, q, is_causal=True)
     assert calls == [(jnp.bfloat16, True, 1.0 / math.sqrt(8), "cudnn")]
     assert out.shape == q.shape and out.dtype == jnp.bfloat16

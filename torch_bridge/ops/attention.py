@@ -1,9 +1,9 @@
 """Scaled dot-product attention, kept whole by the export.
 
-Where the graph is lowered for a GPU (:func:`lowering_platform`), attention that cuDNN's
-fused kernel computes (half precision, no dropout, no mask but a causal one, a head size
-it takes) is ``jax.nn.dot_product_attention(..., implementation="cudnn")``: the kernel
-that hand-written JAX uses there, with the T x T scores never in memory. Everything else,
+Where the graph is lowered for an NVIDIA GPU (:func:`lowering_platform`), attention that
+cuDNN's fused kernel computes (half precision, no dropout, no mask but a causal one, a
+head size it takes) is ``jax.nn.dot_product_attention(..., implementation="cudnn")``: the
+kernel that hand-written JAX uses there, with the T x T scores never in memory. Everything else,
 and every graph lowered for a CPU, keeps cerebrax's own lowering, whose float32 scores
 and softmax follow torch's CPU kernels.
 """
@@ -109,8 +109,9 @@ _CUDNN_HEAD_SIZES = range(8, 129, 8)
 
 @contextlib.contextmanager
 def lowering_platform(platform: str | None) -> Iterator[None]:
-    """Lowers the graphs traced inside the block for ``platform`` (``"cpu"``, ``"gpu"``;
-    None: JAX's default backend), which decides the attention kernel."""
+    """Lowers the graphs traced inside the block for ``platform`` (a JAX platform name,
+    ``"cpu"`` or ``"gpu"``, or ``"cuda"``; None: JAX's default backend), which decides
+    the attention kernel."""
     token = _PLATFORM.set(platform)
     try:
         yield
@@ -118,13 +119,25 @@ def lowering_platform(platform: str | None) -> Iterator[None]:
         _PLATFORM.reset(token)
 
 
+def _is_cuda(platform: str) -> bool:
+    """Whether ``platform`` is an NVIDIA GPU (JAX names CUDA and ROCm GPUs alike "gpu";
+    its client's platform version tells them apart)."""
+    if platform != "gpu":
+        return platform == "cuda"
+    try:
+        device = jax.devices("gpu")[0]
+    except RuntimeError:  # no GPU backend in this process
+        return False
+    return "cuda" in str(getattr(device.client, "platform_version", "")).lower()
+
+
 def fused_attention_fits(q, k, v, attn_mask, dropout_p, platform: str | None) -> bool:
-    """Whether cuDNN's fused attention computes this call: on a GPU, query, key and
-    value of one half-precision dtype in torch's ``(batch, heads, tokens, head size)``,
-    key heads dividing query heads, a head size of 8 to 128 in steps of 8, no dropout
-    and no mask (a causal one is a flag, not a mask)."""
-    platform = platform or jax.default_backend()
-    return (platform in ("gpu", "cuda") and attn_mask is None and dropout_p == 0
+    """Whether cuDNN's fused attention computes this call: on an NVIDIA GPU, query, key
+    and value of one half-precision dtype in torch's ``(batch, heads, tokens, head
+    size)``, key heads dividing query heads, a head size of 8 to 128 in steps of 8, no
+    dropout and no mask (a causal one is a flag, not a mask)."""
+    return (_is_cuda(platform or jax.default_backend()) and attn_mask is None
+            and dropout_p == 0
             and q.ndim == k.ndim == v.ndim == 4
             and q.dtype == k.dtype == v.dtype and q.dtype in (jnp.bfloat16, jnp.float16)
             and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[-1] in _CUDNN_HEAD_SIZES
