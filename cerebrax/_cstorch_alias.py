@@ -130,7 +130,10 @@ def run_script(script: str, args: Sequence[str] = ()) -> int:
         enable_cstorch_alias()
         sys.argv = [str(path), *args]
         sys.path.insert(0, str(path.resolve().parent))
-        return _exit_status(lambda: runpy.run_path(str(path), run_name="__main__"))
+        # As `python script.py` does, the main module's __file__ is absolute (so that
+        # multiprocessing knows it for the script it already runs).
+        return _exit_status(lambda: runpy.run_path(os.path.abspath(path),
+                                                   run_name="__main__"))
     if os.sep in script or script.endswith(".py"):
         raise ConfigError(MSG_NO_PROGRAM.format(name=script))
     entry = _console_script(script)

@@ -150,6 +150,12 @@ class Runtime:
     worker_iterators: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
                                                           metadata={"kept": True})
     forkserver_preloaded: bool = dataclasses.field(default=False, metadata={"kept": True})
+    # The worker server (cerebrax._fork_server): whether this process tried to fork it,
+    # and once forked, the main module's globals as the server holds them. Kept: the
+    # server lives as long as the process.
+    worker_server_tried: bool = dataclasses.field(default=False, metadata={"kept": True})
+    worker_server_main: dict | None = dataclasses.field(default=None,
+                                                        metadata={"kept": True})
     # What open with-blocks (and decorated calls) pushed, innermost last. Kept: each
     # block takes its own entry off again, also where it ran a reset().
     # The precision optimization levels of the running pol(level=...) regions

@@ -25,7 +25,8 @@ PACKAGES = ("cerebrax", "torch_bridge")
 # Bottom first. A folder imports only folders of its own layer or lower ones.
 LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.errors", "cerebrax._version"),
-    ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement", "cerebrax._torch_compat"),
+    ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement", "cerebrax._torch_compat",
+     "cerebrax._fork_server"),
     ("cerebrax._tree",),
     ("cerebrax._debug_names",),
     ("torch_bridge.ops",),

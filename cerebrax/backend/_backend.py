@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from .. import _step
+from .. import _fork_server, _step
 from .._filters import check_int, is_torch_tensor
 from .._runtime import RUNTIME
 from .._step import to_numpy, to_torch
@@ -148,6 +148,9 @@ class Backend:
         self.validate_only = bool(validate_only)
         self._cluster_config = cluster_config
         self.allow_recompile = bool(allow_recompile)
+        # DataLoader workers fork from a copy of this process taken before JAX's
+        # runtime starts, which the first device lookup does.
+        _fork_server.start()
         jax_device = device if device is not None else _default_device(backend_type)
         self.generation = _step.current_generation()
         # A CSX backend whose ClusterConfig spans several devices runs on a wafer mesh.

@@ -14,14 +14,17 @@ dataset, ``collate_fn`` and ``worker_init_fn`` to the workers by pickling, so th
 be importable objects (defined at module level); a failure names the fix. A start
 method the user set is kept as it is.
 
-Start-up cost. Each worker of a spawned or forkserver loader imports the script's main
-module and unpickles the dataset. The first time cerebrax chooses ``forkserver`` it asks
-the server to import torch before it forks any worker
-(``set_forkserver_preload(["__main__", "torch"])``; torch is imported by every worker
-anyway), so workers start in a fraction of a second instead of importing torch each.
-The server is started before the workers are, and while it imports, the main process
-imports torch.export's machinery for the first step's export of a torch model (about
-1.5 s it would otherwise spend after the first batch).
+Start-up cost. Where it could, cerebrax forked a worker server from the script's
+process when the first backend was made, before JAX's runtime started
+(:mod:`cerebrax._fork_server`): it takes the forkserver's place, and a worker then
+costs a fork and the unpickling of its dataset, as torch's own forked workers do. The
+workers see the main module as the server holds it, so a dataset class (or
+``collate_fn``, ``worker_init_fn``) the main module defines or redefines after that
+point is a ConfigError before any worker starts. Elsewhere Python's forkserver is a
+new interpreter; the first time cerebrax chooses ``forkserver`` it asks that server to
+import torch before it forks any worker (``set_forkserver_preload(["__main__",
+"torch"])``), and while the server imports, the main process imports torch.export's
+machinery for the first step's export of a torch model.
 Loaders that restart their workers every epoch can keep them with
 ``persistent_workers=True``.
 """
@@ -33,6 +36,7 @@ import io
 import multiprocessing
 import pickle
 import sys
+import types
 from collections.abc import Iterator
 from multiprocessing import forkserver
 from multiprocessing.reduction import ForkingPickler
@@ -40,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _fork_server
 from .._filters import is_torch_tensor
 from .._runtime import RUNTIME
 from ..errors import ConfigError
@@ -91,14 +96,42 @@ def use_safe_start_method(loader: Any) -> Any:
     return loader
 
 
+MSG_STALE_MAIN = """\
+The torch DataLoader uses num_workers={workers}. cerebrax forks its worker processes
+from a copy of the script taken when the backend was made, before JAX's runtime
+started, and in that copy the script's main module lacks {names} (defined or redefined
+after the backend was made), which the workers need to unpickle the {part}.
+Fix, one of:
+  - define {names} before the backend is made (cstorch.backend(...), or the first
+    cstorch.compile), at the top of the script, with the training code under
+    `if __name__ == "__main__":`;
+  - define {names} in a module of its own and import it;
+  - load in the main process: num_workers=0."""
+
+
 class _Probe(ForkingPickler):
     """Pickles an object graph the way the workers receive it, skipping array data
-    (tensors and numpy arrays are sent through shared memory, and cost nothing here)."""
+    (tensors and numpy arrays are sent through shared memory, and cost nothing here),
+    and records the main module's globals it refers to by name (``main_refs``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.main_refs: dict[str, Any] = {}
 
     def persistent_id(self, obj: Any) -> Any:
         if is_torch_tensor(obj) or isinstance(obj, np.ndarray):
             return id(obj)
         return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(
+                obj, "__module__", None) == "__main__":
+            qualname = getattr(obj, "__qualname__", None)
+            main = sys.modules.get("__main__")
+            if isinstance(qualname, str) and main is not None:
+                top = qualname.split(".")[0]
+                self.main_refs[top] = getattr(main, top, None)
+        return NotImplemented
 
 
 def _check_picklable(loader: Any) -> None:
@@ -109,12 +142,17 @@ def _check_picklable(loader: Any) -> None:
     parts = {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
              "worker_init_fn": loader.worker_init_fn}
     for part, obj in parts.items():
+        probe = _Probe(io.BytesIO(), pickle.HIGHEST_PROTOCOL)
         try:
-            _Probe(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(obj)
+            probe.dump(obj)
         except Exception as error:  # noqa: BLE001 - any failure to pickle stops the workers
             raise ConfigError(MSG_PICKLE.format(
                 workers=loader.num_workers, method=SAFE_START_METHOD, part=part,
                 error=f"{type(error).__name__}: {error}")) from error
+        stale = _fork_server.stale_main_names(probe.main_refs)
+        if stale:
+            raise ConfigError(MSG_STALE_MAIN.format(
+                workers=loader.num_workers, names=", ".join(stale), part=part))
     RUNTIME.pickle_checked.add(loader)
 
 
