@@ -150,6 +150,10 @@ class Runtime:
     worker_iterators: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet,
                                                           metadata={"kept": True})
     forkserver_preloaded: bool = dataclasses.field(default=False, metadata={"kept": True})
+    # Where exported torch graphs are kept across processes (torch_bridge's export
+    # cache), set with JAX's compilation cache (cerebrax.backend), else None. Kept: JAX
+    # has one compilation cache per process, and this folder goes with it.
+    export_cache_dir: str | None = dataclasses.field(default=None, metadata={"kept": True})
     # The worker server (cerebrax._fork_server): whether this process tried to fork it,
     # and once forked, the main module's globals as the server holds them. Kept: the
     # server lives as long as the process.

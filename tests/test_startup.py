@@ -114,7 +114,8 @@ STEP_SCRIPT = textwrap.dedent("""
     for _ in range(3):
         record(step(torch.tensor(rng.normal(size=(8, 3)), dtype=torch.float32),
                     torch.tensor(rng.normal(size=(8, 1)), dtype=torch.float32)))
-    print(json.dumps({**events, "losses": losses, "dir": backend.compile_cache_dir}))
+    print(json.dumps({**events, "losses": losses, "dir": backend.compile_cache_dir,
+                      "exported": "torch_bridge._export" in sys.modules}))
 """)
 
 
@@ -136,15 +137,19 @@ def test_a_second_run_loads_its_step_and_a_changed_step_is_compiled_again(tmp_pa
     assert not (tmp_path / "cerebras_logs").exists()  # nothing written where it runs
     assert first["misses"] >= 1 and first["hits"] == 0
     second = run_step(tmp_path, 1.0)
-    # Every program of the second process, the step included, is loaded: none compiled.
+    # Every program of the second process, the step included, is loaded: none compiled;
+    # the model's graph is loaded too: torch.export's machinery is not even imported.
     assert second["misses"] == 0 and second["hits"] >= 1, second
     assert second["losses"] == first["losses"]
-    # An edited step is another program: compiled, never the stale one loaded.
+    assert first["exported"] and not second["exported"]
+    # An edited step is another program: compiled, never the stale one loaded. The
+    # model is the same, and so is its graph.
     changed = run_step(tmp_path, 2.0)
     uncached = run_step(tmp_path, 2.0, CEREBRAX_COMPILE_CACHE="0")
     assert changed["misses"] >= 1, changed
     assert changed["losses"] == uncached["losses"] != first["losses"]
     assert uncached["dir"] is None and uncached["hits"] == uncached["misses"] == 0
+    assert not changed["exported"] and uncached["exported"]
 
 
 def test_the_switch_names_another_directory(tmp_path):

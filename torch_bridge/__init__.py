@@ -12,7 +12,6 @@ from ._convert import convert as convert
 from ._convert import random_seed as random_seed
 from ._autograd import honouring_functions as honouring_functions
 from ._functions import keep_for_functions as keep_for_functions
-from ._export import import_exporter as import_exporter
 from .ops._dtypes import export_dtype as export_dtype
 from .ops._dtypes import to_jax as to_jax
 from ._program import Program as Program

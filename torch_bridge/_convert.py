@@ -19,7 +19,7 @@ from cerebrax._tree import combine, partition_leaves
 
 from . import ops as _ops  # noqa: F401  (registers the built-in lowerings)
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
-from ._export import export_program
+from . import _export_cache
 from ._program import Program
 from ._tensor import JaxTensor
 
@@ -202,14 +202,27 @@ class Converted:
                      _autocast_state())
         program = self._programs.get(signature)
         if program is None:
-            examples = [self._example(x, dtype=d) for x, d in zip(leaves, dtypes)]
-            targs, tkwargs = pytree.tree_unflatten(examples, spec)
-            with _cpu_stand_ins(self.module):
-                exported, side_calls = export_program(self.module, targs, tkwargs,
-                                                      train=train)
-            program = Program(exported, self.aliases, side_calls)
-            self._programs[signature] = program
+            program = self._programs[signature] = self._export(signature, leaves, dtypes)
         return program
+
+    def _export(self, signature: tuple, leaves: list, dtypes: list) -> Program:
+        """The graph for ``signature``: the one kept from an earlier process where the
+        export cache has it (``torch_bridge._export_cache``), else exported now (and
+        kept where it can be)."""
+        folder = _export_cache.directory()
+        key = _export_cache.key(self.module, signature) if folder is not None else None
+        if key is not None and (kept := _export_cache.load(folder, key)) is not None:
+            return Program(kept, self.aliases)
+        from ._export import export_program  # torch.export's machinery: seconds to import
+
+        train, spec = signature[0], signature[1]
+        examples = [self._example(x, dtype=d) for x, d in zip(leaves, dtypes)]
+        targs, tkwargs = pytree.tree_unflatten(examples, spec)
+        with _cpu_stand_ins(self.module):
+            exported, side_calls = export_program(self.module, targs, tkwargs, train=train)
+        if key is not None and not side_calls.calls:
+            _export_cache.save(folder, key, exported)
+        return Program(exported, self.aliases, side_calls)
 
     def _example(self, x: Any, *, dtype: torch.dtype | None = None) -> Any:
         if isinstance(x, JaxTensor):  # a value of a traced step: its shape and dtype

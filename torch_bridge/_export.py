@@ -221,17 +221,6 @@ def _mark_gradient_stops(program: torch.export.ExportedProgram) -> None:
         program.graph_module.recompile()
 
 
-def import_exporter() -> None:
-    """Imports what ``torch.export`` imports on its first call (``torch._dynamo`` and AOT
-    autograd: about 1.5 s of a CPU core), ahead of that call.
-
-    cerebrax calls it while a DataLoader's worker processes start, time in which the
-    main process would otherwise wait for its first batch.
-    """
-    import torch._dynamo  # noqa: F401
-    import torch._functorch.aot_autograd  # noqa: F401
-
-
 def export_program(
     module: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool
 ) -> tuple[torch.export.ExportedProgram, SideCalls]:

@@ -139,6 +139,8 @@ class Backend:
         )
         self.compile_cache_dir = _compile_cache.enable(
             self.compile_dir if compile_dir is not None else None)
+        if self.compile_cache_dir is not None and RUNTIME.export_cache_dir is None:
+            RUNTIME.export_cache_dir = os.path.join(self.compile_cache_dir, "torch_export")
         if compile_only and validate_only:
             raise ConfigError(
                 "compile_only and validate_only are exclusive: validate_only traces "

@@ -22,6 +22,9 @@ Switches, read when a backend is created:
   ...)``, ``JAX_COMPILATION_CACHE_DIR``) is kept, and so is JAX's own switch
   ``jax_enable_compilation_cache=False``.
 
+Exported torch graphs are kept in ``torch_export/`` inside the cache's folder
+(``torch_bridge._export_cache``, ``CEREBRAX_EXPORT_CACHE=0`` turns that part off).
+
 The first directory set in a process is the one used: JAX has one cache per process.
 The cache is trusted: do not point it at a directory others can write to.
 """

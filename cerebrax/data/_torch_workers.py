@@ -23,8 +23,7 @@ workers see the main module as the server holds it, so a dataset class (or
 point is a ConfigError before any worker starts. Elsewhere Python's forkserver is a
 new interpreter; the first time cerebrax chooses ``forkserver`` it asks that server to
 import torch before it forks any worker (``set_forkserver_preload(["__main__",
-"torch"])``), and while the server imports, the main process imports torch.export's
-machinery for the first step's export of a torch model.
+"torch"])``), so that workers do not import torch each.
 Loaders that restart their workers every epoch can keep them with
 ``persistent_workers=True``.
 """
@@ -193,11 +192,6 @@ def shutdown_workers() -> None:
     RUNTIME.worker_iterators.clear()
 
 def _start_server() -> None:
-    """Starts the forkserver, and while it imports, does in this process what the first
-    step would do after the first batch: import torch.export's machinery (for a torch
-    model compiled by cerebrax, whose step exports it)."""
-    forkserver.ensure_running()  # returns at once; the server imports its preloads
-    if "torch_bridge" in sys.modules:
-        from torch_bridge import import_exporter
-
-        import_exporter()
+    """Starts the forkserver (the worker server where this process has one, else
+    Python's, which imports its preloads while this process goes on)."""
+    forkserver.ensure_running()

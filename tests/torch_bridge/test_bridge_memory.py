@@ -129,6 +129,7 @@ def test_temporaries_are_those_of_the_plain_matmul(model, mode, inputs):
 
 
 def test_without_the_rewrites_the_expanded_weight_is_materialized(monkeypatch, inputs):
+    monkeypatch.setenv("CEREBRAX_EXPORT_CACHE", "0")  # exported here, without rewrites
     monkeypatch.setattr(_export, "rewrite", lambda program: program)
     conv, fn = bridged(seeded(SelfAttention))
     expanded = SEQ * D * 3 * D * 4  # the in-projection weight, once per position

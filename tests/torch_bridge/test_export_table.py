@@ -23,6 +23,7 @@ def _fresh_table():
 def _torch_as_it_is(monkeypatch: pytest.MonkeyPatch):
     """The bridge's export with torch's table built afresh and its lookups every time."""
     with monkeypatch.context() as patch:
+        patch.setenv("CEREBRAX_EXPORT_CACHE", "0")  # every call exports
         patch.setattr(export, "_decompositions", _fresh_table)
         patch.setattr(export, "_fast_decomposition", contextlib.nullcontext)
         yield
