@@ -120,6 +120,11 @@ def _serve(listener: socket.socket, alive_r: int, alive_w: int) -> None:
     """The server process: multiprocessing's forkserver loop, until the script and its
     workers are gone; it never returns into the script."""
     code = 1
+    # A thread of the script blocked reading stdin held its lock at the fork, and no
+    # longer exists here: closing that object (the forkserver loop closes stdin first)
+    # would wait forever. It is kept, never closed, and stdin reads nothing instead.
+    held_stdin = sys.stdin  # noqa: F841 - alive until os._exit, never closed
+    sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115
     try:
         os.close(alive_w)
         # The script's own signal handlers (a checkpoint on SIGTERM, say) are not the

@@ -136,3 +136,31 @@ def test_a_dataset_class_defined_after_the_backend_names_the_fix(tmp_path):
     assert message.startswith("cerebrax run: error: The torch DataLoader uses num_workers=2")
     assert "lacks Late (defined or redefined after the backend was made)" in message
     assert "define Late in a module of its own" in message
+
+
+def test_a_thread_blocked_on_stdin_does_not_stop_the_server(tmp_path):
+    # A thread reading stdin holds its buffer's lock when the server is forked; the
+    # server must not wait for it (Python's forkserver loop closes stdin first).
+    reader = SCRIPT.replace("    backend = cstorch.backend(\"CPU\")", textwrap.indent(
+        "import threading\n"
+        "threading.Thread(target=sys.stdin.read, daemon=True).start()\n"
+        "import time; time.sleep(0.5)\n"
+        "backend = cstorch.backend(\"CPU\")", "    "))
+    assert "threading.Thread(target=sys.stdin.read" in reader
+    path = tmp_path / "train.py"
+    path.write_text(reader)
+    stdin, keep_open = os.pipe()  # nothing is ever written, and it is not closed early
+    try:
+        result = subprocess.run([sys.executable, "-m", "cerebrax", "run", str(path)],
+                                cwd=tmp_path, stdin=stdin, capture_output=True, text=True,
+                                env={**os.environ, "CEREBRAX_COMPILE_CACHE": "0"},
+                                timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the workers never started: the server waited for stdin's lock")
+    finally:
+        os.close(stdin)
+        os.close(keep_open)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = report(result)["rows"]
+    assert sorted(r[0] for r in rows) == list(range(8))
+    assert all(r[4] == 0 for r in rows)  # served by the worker server
