@@ -65,3 +65,19 @@ def test_tiny_run_has_every_row_and_the_float32_losses_agree(tmp_path):
     assert result["loss_check"]["ok"] is True
     assert reference["loss_last"] < reference["loss0"]  # the steps did train
     assert "| cerebrax | bf16 |" in proc.stdout  # the printed table
+
+
+def test_the_bf16_cast_audit_reads_both_programs():
+    # benchmarks/bf16_casts.py on the tiny model: both steps lower, their converts are
+    # read (every float32 master weight is cast for the pass, so there are converts
+    # each way), and the vocabulary's exponential is found in each.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bf16_casts.py"),
+                             "--tiny"], env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+            for line in result.stdout.splitlines() if line.startswith("| ")}
+    for direction in ("bf16 -> f32", "f32 -> bf16"):
+        assert all(not cell.startswith("0 ") for cell in rows[direction]), rows
+    assert rows["exponentials over the vocabulary, by element type"] == ["f32: 1", "bf16: 1"]
