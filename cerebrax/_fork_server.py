@@ -68,7 +68,9 @@ def _fits() -> bool:
             or "torch" not in sys.modules or multiprocessing.parent_process() is not None
             or server is None or _jax_runtime_started()):
         return False
-    if any(not hasattr(server, name) for name in _SERVER_FIELDS):
+    if any(not hasattr(server, name) for name in _SERVER_FIELDS) or any(
+            name.startswith("_forkserver_") and name not in _SERVER_FIELDS
+            for name in vars(server)):  # a newer protocol (an authentication key, ...)
         return False
     try:
         names = tuple(inspect.signature(forkserver.main).parameters)
