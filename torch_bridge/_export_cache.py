@@ -370,7 +370,7 @@ def key(module: torch.nn.Module, call: Any) -> str | None:
     encoder = _Encoder(state)
     try:
         encoder.write("format", _FORMAT, sys.version, torch.__version__,
-                      torch.get_default_dtype())
+                      torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
         _torch_functions(encoder)
         encoder.value(call)
         classes = {}
