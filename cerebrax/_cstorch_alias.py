@@ -3,9 +3,10 @@
 ``cerebrax run SCRIPT [ARGS...]`` runs a script as ``python SCRIPT ARGS...`` would (the
 same ``sys.argv``, ``__name__ == "__main__"``, the script's folder first on ``sys.path``,
 its exit status); ``cerebrax run -m MODULE`` as ``python -m MODULE``; ``cerebrax run NAME``
-a console script pip installed (``cszoo``) as its command would, with ``cerebras.pytorch`` and every submodule of it resolving to
-cerebrax's own modules. :func:`enable_cstorch_alias` does the same inside a running
-interpreter (a notebook, a test harness).
+a console script pip installed (``cszoo``) as its command would, with
+``cerebras.pytorch`` and every submodule of it resolving to cerebrax's own modules.
+:func:`enable_cstorch_alias` does the same inside a running interpreter (a notebook, a
+test harness).
 
 The alias is the folder ``cerebrax/_alias`` (a ``cerebras`` namespace portion holding
 ``cerebras/pytorch/__init__.py``; see that file), put first on ``sys.path`` and on
