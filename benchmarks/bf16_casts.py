@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import pathlib
 import re
 import sys
@@ -54,7 +55,7 @@ def read(text: str, vocab: int) -> dict:
         _, b = _shape_type(target)
         entry = converts[f"{a} -> {b}"]
         entry[0] += 1
-        entry[1] += int(jnp.prod(jnp.array(shape))) if shape else 1
+        entry[1] += math.prod(shape)
     exps = collections.Counter(dtype for shape, dtype in map(_shape_type, _EXP.findall(text))
                                if shape and shape[-1] == vocab)
     return {"converts": dict(converts), "vocab_exponentials": dict(exps)}

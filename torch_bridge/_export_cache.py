@@ -41,8 +41,6 @@ import enum
 import functools
 import hashlib
 import io
-import math
-import operator
 import os
 import pickle
 import sys
@@ -59,10 +57,12 @@ from torch.export.graph_signature import (InputKind, InputSpec, OutputKind, Outp
 
 from cerebrax._runtime import RUNTIME
 
+from ._program import _PYTHON_OPS
+
 __all__ = ["ENV", "directory", "key", "load", "save"]
 
 ENV = "CEREBRAX_EXPORT_CACHE"
-_FORMAT = 1
+_FORMAT = 2
 _MAX_DEPTH = 12
 _MAX_OBJECTS = 200_000  # a key that would read more objects than this is not made
 
@@ -200,10 +200,8 @@ class _Encoder:
     def tensor(self, t: torch.Tensor) -> None:
         if t.device.type == "meta" or getattr(t, "fake_mode", None) is not None:
             raise _Unkeyable("a tensor with no values")
-        data = t.detach().cpu().contiguous()
-        raw = data.reshape(-1).view(torch.uint8) if data.numel() else data
-        digest = hashlib.sha256(raw.numpy().tobytes() if data.numel() else b"").hexdigest()
-        self.write("tensor", tuple(data.shape), data.dtype, t.requires_grad, digest)
+        digest = hashlib.sha256(_raw(t)).hexdigest()
+        self.write("tensor", tuple(t.shape), t.dtype, t.requires_grad, digest)
 
     def obj(self, x: Any, depth: int) -> None:
         cls = type(x)
@@ -433,14 +431,8 @@ def _files_unchanged(files: list[tuple[str, int, int]]) -> bool:
 
 
 # ---- the graph, as plain data ---------------------------------------------------------
-_PYTHON_FUNCTIONS = {
-    **{f"operator.{f.__name__}": f for f in (
-        operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
-        operator.truediv, operator.mod, operator.neg, operator.pow, operator.eq,
-        operator.ne, operator.lt, operator.le, operator.gt, operator.ge)},
-    **{f"math.{f.__name__}": f for f in (math.ceil, math.floor, math.sqrt)},
-    "builtins.max": max, "builtins.min": min, "builtins.abs": abs,
-}
+# The Python functions a graph may call (torch_bridge._program), by qualified name.
+_PYTHON_FUNCTIONS = {f"{f.__module__}.{f.__name__}": f for f in _PYTHON_OPS}
 _PYTHON_NAMES = {f: name for name, f in _PYTHON_FUNCTIONS.items()}
 _KEPT_CUSTOM = ("torch_bridge::stop_gradient",)
 
@@ -464,10 +456,14 @@ def _op(ref: tuple) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), name), ref[2])
 
 
-def _tensor_data(t: torch.Tensor) -> tuple:
+def _raw(t: torch.Tensor) -> bytes:
+    """A tensor's values as bytes, in row-major order (any dtype, bfloat16 included)."""
     data = t.detach().cpu().contiguous()
-    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
-    return ("tensor", tuple(data.shape), str(data.dtype).removeprefix("torch."), raw,
+    return data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+
+
+def _tensor_data(t: torch.Tensor) -> tuple:
+    return ("tensor", tuple(t.shape), str(t.dtype).removeprefix("torch."), _raw(t),
             t.requires_grad)
 
 

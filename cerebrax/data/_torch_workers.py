@@ -37,7 +37,6 @@ import pickle
 import sys
 import types
 from collections.abc import Iterator
-from multiprocessing import forkserver
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -166,8 +165,6 @@ def safe_iter(source: Any) -> Iterator[Any]:
     if not (is_torch_dataloader(source) and source in RUNTIME.safe_loaders):
         return iter(source)
     _check_picklable(source)
-    if SAFE_START_METHOD == "forkserver":
-        _start_server()
     iterator = iter(source)
     if not RUNTIME.worker_iterators:
         atexit.register(shutdown_workers)  # runs before multiprocessing's own exit hook
@@ -190,8 +187,3 @@ def shutdown_workers() -> None:
         if stop is not None:
             stop()
     RUNTIME.worker_iterators.clear()
-
-def _start_server() -> None:
-    """Starts the forkserver (the worker server where this process has one, else
-    Python's, which imports its preloads while this process goes on)."""
-    forkserver.ensure_running()
