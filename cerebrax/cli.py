@@ -281,8 +281,11 @@ def _run_script(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(MSG_RUN_USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
+    from . import _startup_gc
     from ._cstorch_alias import run_module, run_script
     from .errors import ConfigError
+
+    _startup_gc.hold()  # until the first step: the script's imports make no garbage
 
     try:
         if argv[0] == "-m":

@@ -45,7 +45,7 @@ import torch.utils._pytree as pytree
 from cerebrax._runtime import RUNTIME
 from cerebrax.errors import UnsupportedOpError
 
-from . import ops
+from . import _lazy_dynamo, ops
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
 
 # Tensors of this module caught in reference cycles (a traced step's graph, a closure's
@@ -266,6 +266,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
     Under ``torch.no_grad()`` (or ``set_grad_enabled(False)``, ``inference_mode()``)
     its results carry no gradient, as torch records no graph for them."""
+    _lazy_dynamo.defer()  # torch's meta kernels, without importing torch._dynamo
     out = _run_op(func, args, kwargs)
     if not torch.is_grad_enabled():
         _without_gradient(out, args)

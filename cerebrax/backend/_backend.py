@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from .. import _fork_server, _step
+from .. import _fork_server, _startup_gc, _step
 from .._filters import check_int, is_torch_tensor
 from .._runtime import RUNTIME
 from .._step import to_numpy, to_torch
@@ -150,6 +150,7 @@ class Backend:
         self.validate_only = bool(validate_only)
         self._cluster_config = cluster_config
         self.allow_recompile = bool(allow_recompile)
+        _startup_gc.hold()  # until the first step (start-up makes little garbage)
         # DataLoader workers fork from a copy of this process taken before JAX's
         # runtime starts, which the first device lookup does.
         _fork_server.start()

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from ... import _step, wse
+from ... import _startup_gc, _step, wse
 from ..._filters import is_array, is_torch_tensor
 from ..._placement import put_many
 from ..._precision import torch_autocast_state
@@ -310,7 +310,10 @@ class TracedStep:
 
     # ---- calling ---------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._retracing(self._call, args, kwargs)
+        try:
+            return self._retracing(self._call, args, kwargs)
+        finally:
+            _startup_gc.release()  # start-up ends with the first step
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """A traced method (``@cstorch.trace`` on ``def training_step(self, batch)``):
