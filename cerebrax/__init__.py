@@ -6,7 +6,18 @@ values in step closures, save H5 checkpoints. The whole step runs as one ``jax.j
 program on a CPU, on an emulated wafer of devices, or on GPUs/TPUs.
 """
 
-from . import amp as amp
+import os as _os
+import sys as _sys
+
+from . import _startup_gc
+
+# `cerebrax run` (`python -m cerebrax run`, where argv[0] is "-m" while the package is
+# imported, or the console script): the collector is held from the launch, JAX's and
+# cerebrax's imports below included (see cerebrax/_startup_gc.py).
+if _sys.argv[1:2] == ["run"] and _os.path.basename(_sys.argv[0]) in ("-m", "cerebrax"):
+    _startup_gc.hold()
+
+from . import amp as amp  # noqa: E402 - after the hold
 from . import cirh as cirh
 from . import ckpt as ckpt
 from . import core as core
