@@ -16,7 +16,8 @@ from collection, and none is freed differently: garbage among older objects is f
 a later collection. At the release, the objects start-up made join the oldest
 generation (``gc.freeze()`` then ``gc.unfreeze()``), where a collection of the younger
 ones would have moved them as survivors, but without the scan of all of them that
-collection makes right after the thresholds come down.
+collection makes right after the thresholds come down. That scan is deferred, not
+saved: the first full collection after the release scans everything once.
 
 ``cerebrax run`` holds from its launch, so the script's imports are covered too; a
 script run with ``python`` holds from its first backend. A process forked while the
