@@ -85,8 +85,13 @@ def _marked(code: types.CodeType) -> list[types.FunctionType]:
     seen: set[int] = set()
     stack: list[Any] = []
     for name, module in list(sys.modules.items()):
-        if (name == "torch" or name.startswith("torch.")) and module is not None:
-            stack.extend(v for v in list(vars(module).values()) if type(v) is _FUNCTION)
+        if name != "torch" and not name.startswith("torch."):
+            continue
+        try:
+            values = list(vars(module).values())
+        except TypeError:  # not a module: an object a library put in sys.modules
+            continue
+        stack.extend(v for v in values if type(v) is _FUNCTION)
     decomp = sys.modules.get("torch._decomp")
     if decomp is not None:
         tables = [getattr(decomp, "meta_table", {}), getattr(decomp, "decomposition_table", {})]
