@@ -160,6 +160,15 @@ class Runtime:
     worker_server_tried: bool = dataclasses.field(default=False, metadata={"kept": True})
     worker_server_main: dict | None = dataclasses.field(default=None,
                                                         metadata={"kept": True})
+    # The garbage collector's start-up hold (cerebrax._startup_gc): whether this process
+    # took it, and while held, the thresholds before it and those it set. Kept: it is
+    # taken once per process and ends with the first step.
+    startup_gc_used: bool = dataclasses.field(default=False, metadata={"kept": True})
+    startup_gc_thresholds: tuple | None = dataclasses.field(default=None,
+                                                            metadata={"kept": True})
+    # Whether torch's Dynamo-disabled kernels have their stand-ins (torch_bridge's
+    # _lazy_dynamo). Kept: the stand-ins stay on torch's functions.
+    dynamo_deferred: bool = dataclasses.field(default=False, metadata={"kept": True})
     # What open with-blocks (and decorated calls) pushed, innermost last. Kept: each
     # block takes its own entry off again, also where it ran a reset().
     # The precision optimization levels of the running pol(level=...) regions

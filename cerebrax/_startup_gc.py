@@ -30,28 +30,26 @@ from __future__ import annotations
 import gc
 import os
 
+from ._runtime import RUNTIME
+
 __all__ = ["hold", "release"]
 
 _HELD = (10_000, 1_000, 1_000)  # the thresholds while held (at least these)
-_state: dict[str, tuple[int, ...] | None] = {"saved": None, "raised": None}
-_used = False
 
 
 def hold() -> None:
     """Raises the collector's thresholds until :func:`release` (once per process; not
     where ``CEREBRAX_STARTUP_GC=0`` or the script turned automatic collection off)."""
-    global _used
-    if _used:
+    if RUNTIME.startup_gc_used:
         return
-    _used = True
+    RUNTIME.startup_gc_used = True
     if os.environ.get("CEREBRAX_STARTUP_GC", "1").strip() == "0":
         return
     saved = gc.get_threshold()
     if saved[0] == 0:  # threshold 0: the script turned automatic collection off
         return
-    raised = tuple(max(old, new) for old, new in zip(saved, _HELD))
-    gc.set_threshold(*raised)
-    _state.update(saved=saved, raised=gc.get_threshold())
+    gc.set_threshold(*(max(old, new) for old, new in zip(saved, _HELD)))
+    RUNTIME.startup_gc_thresholds = (saved, gc.get_threshold())
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=release)
 
@@ -59,10 +57,10 @@ def hold() -> None:
 def release() -> None:
     """Puts the collector's thresholds back as they were before :func:`hold`, unless the
     script has set others since."""
-    saved, raised = _state["saved"], _state["raised"]
-    if saved is None:
+    if RUNTIME.startup_gc_thresholds is None:
         return
-    _state.update(saved=None, raised=None)
+    saved, raised = RUNTIME.startup_gc_thresholds
+    RUNTIME.startup_gc_thresholds = None
     if gc.get_threshold() == raised:
         gc.set_threshold(*saved)
     # What start-up made joins the oldest generation, as a collection of the younger

@@ -26,7 +26,7 @@ PACKAGES = ("cerebrax", "torch_bridge")
 LAYERS: list[tuple[str, ...]] = [
     ("cerebrax.errors", "cerebrax._version"),
     ("cerebrax._runtime", "cerebrax._filters", "cerebrax._placement", "cerebrax._torch_compat",
-     "cerebrax._fork_server"),
+     "cerebrax._fork_server", "cerebrax._startup_gc"),
     ("cerebrax._tree",),
     ("cerebrax._debug_names",),
     ("torch_bridge.ops",),

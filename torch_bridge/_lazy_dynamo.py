@@ -31,10 +31,11 @@ from typing import Any
 
 import torch
 
+from cerebrax._runtime import RUNTIME
+
 __all__ = ["defer"]
 
 _ATTRIBUTE = "__dynamo_disable"  # where torch's wrapper caches the disabled function
-_deferred = False
 # Exact type checks: ``isinstance`` reads ``__class__``, which some of torch's module
 # attributes answer with a deprecation warning.
 _FUNCTION = types.FunctionType
@@ -59,10 +60,9 @@ class _UntilDynamo:
 def defer() -> None:
     """Gives torch's Dynamo-disabled Python kernels their stand-ins (once per process;
     nothing when ``torch._dynamo`` is imported already, or torch has no such wrapper)."""
-    global _deferred
-    if _deferred:
+    if RUNTIME.dynamo_deferred:
         return
-    _deferred = True
+    RUNTIME.dynamo_deferred = True
     if "torch._dynamo" in sys.modules:
         return
     make = getattr(getattr(torch, "_compile", None), "_disable_dynamo", None)

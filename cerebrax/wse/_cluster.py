@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
-
-import pydantic
 
 from .._filters import check_int
 from ..errors import ConfigError
@@ -203,8 +202,9 @@ def parse_bytes(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(f"{name} must be a byte count or a size string such as "
                           f"'16GiB', got {value!r}.")
+    pydantic, byte_size = _byte_size()
     try:
-        size = int(_BYTE_SIZE.validate_python(value))
+        size = int(byte_size.validate_python(value))
     except pydantic.ValidationError:
         raise ConfigError(
             f"{name}={value!r} is not a size. Fix: give bytes as an int or a string "
@@ -215,7 +215,13 @@ def parse_bytes(value: object, name: str) -> int:
     return size
 
 
-_BYTE_SIZE = pydantic.TypeAdapter(pydantic.ByteSize)
+@functools.cache
+def _byte_size() -> tuple[Any, Any]:
+    """pydantic and its ByteSize parser, imported at the first size string (pydantic
+    costs about 0.1 s to import, which most scripts need not pay)."""
+    import pydantic
+
+    return pydantic, pydantic.TypeAdapter(pydantic.ByteSize)
 
 
 def _check_optional(name: str, value: object, kind: type, what: str) -> None:
