@@ -285,7 +285,10 @@ def _run_script(argv: list[str]) -> int:
     from ._cstorch_alias import run_module, run_script
     from .errors import ConfigError
 
-    _startup_gc.hold()  # until the first step: the script's imports make no garbage
+    # Until the first step (cerebrax/_startup_gc.py). `python -m cerebrax run` and the
+    # console script held already, while cerebrax was imported; main(["run", ...])
+    # called from Python holds here.
+    _startup_gc.hold()
 
     try:
         if argv[0] == "-m":
