@@ -47,6 +47,7 @@ from ._state import Parameter as Parameter
 from ._state import StateRef as StateRef
 from ._state import alias_parameter as alias_parameter
 from ._state import aliased_parameter as aliased_parameter
+from ._state import constant_on_host as constant_on_host
 from ._state import current_generation as current_generation
 from ._state import live_optimizers as live_optimizers
 from ._state import live_refs as live_refs
@@ -71,9 +72,9 @@ __all__ = [
     "as_jax", "mark_torch_origin", "to_numpy", "to_torch", "torch_leaves_to_jax",
     "torch_origin", "torch_to_jax",
     # registered state
-    "Parameter", "StateRef", "alias_parameter", "aliased_parameter", "current_generation",
-    "live_optimizers", "live_refs", "optimized_parameters", "parameter_aliases",
-    "parameter_hooks", "register_optimizer", "set_state_device",
+    "Parameter", "StateRef", "alias_parameter", "aliased_parameter", "constant_on_host",
+    "current_generation", "live_optimizers", "live_refs", "optimized_parameters",
+    "parameter_aliases", "parameter_hooks", "register_optimizer", "set_state_device",
     # step closures
     "ClosureCall", "after_dispatch", "checkpoint_closure", "current_executor", "drain",
     "executor_scope", "record_closure", "running_step", "step_closure",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,9 +32,9 @@ from ._active_context import active_context
 from ._interop import as_jax
 
 __all__ = ["Parameter", "StateRef", "add_read_guard", "alias_parameter", "aliased_parameter",
-           "current_generation", "live_optimizers", "live_refs", "optimized_parameters",
-           "parameter_aliases", "parameter_hooks", "register_optimizer", "same_structure",
-           "set_state_device"]
+           "constant_on_host", "current_generation", "live_optimizers", "live_refs",
+           "optimized_parameters", "parameter_aliases", "parameter_hooks",
+           "register_optimizer", "same_structure", "set_state_device"]
 
 
 _IDS = itertools.count()  # creation order of slots and optimizers (never reset)
@@ -108,6 +109,73 @@ def as_state_leaf(x: Any) -> jax.Array:
     if not arr.is_fully_addressable:
         return arr  # already laid out on a mesh that spans processes; it stays there
     return jax.device_put(arr, _state_device())
+
+
+def _broadcast_in_dim(x: np.ndarray, *, shape: tuple, broadcast_dimensions: tuple,
+                      sharding: Any = None, **_: Any) -> np.ndarray | None:
+    if sharding is not None:
+        return None
+    kept = [1] * len(shape)
+    for axis, size in zip(broadcast_dimensions, x.shape):
+        kept[axis] = size
+    return np.broadcast_to(x.reshape(kept), shape)
+
+
+def _convert_element_type(x: np.ndarray, *, new_dtype: Any, sharding: Any = None,
+                          **_: Any) -> np.ndarray | None:
+    # Only where the value is exactly representable in both dtypes: how a cast rounds,
+    # saturates or maps NaN is XLA's to say, not numpy's.
+    out = x.astype(new_dtype)
+    if sharding is not None or not np.array_equal(out.astype(x.dtype), x):
+        return None
+    return out
+
+
+_HOST_RULES: dict[Any, Callable[..., np.ndarray | None]] = {
+    jax.lax.broadcast_in_dim_p: _broadcast_in_dim,
+    jax.lax.convert_element_type_p: _convert_element_type,
+    jax.lax.copy_p: lambda x, **_: x,
+}
+
+
+def constant_on_host(fn: Callable[..., Any], *args: Any) -> Any | None:
+    """``fn(*args)`` as numpy arrays computed on the host, where every output is a
+    constant that does not read the arguments' values (a zero moment, a step count: what
+    an optax ``init`` mostly makes); None otherwise, and the caller runs ``fn`` as a
+    program.
+
+    ``fn`` is traced, not compiled: compiling even a small program costs 0.1 s. The
+    values are exact: fills of a literal, and casts only where the value is exactly
+    representable in both dtypes. Arguments laid out over devices of several processes
+    are left to the program.
+    """
+    if not all(x.is_fully_addressable for x in jax.tree.leaves(args)
+               if isinstance(x, jax.Array)):
+        return None
+    closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+    known: dict[Any, np.ndarray] = {
+        var: np.asarray(value) for var, value in zip(closed.jaxpr.constvars, closed.consts)}
+
+    def read(atom: Any) -> np.ndarray | None:
+        if isinstance(atom, jax.extend.core.Literal):
+            return np.asarray(atom.val, atom.aval.dtype)
+        return known.get(atom)  # None: an argument, or what no rule computed
+
+    for eqn in closed.jaxpr.eqns:
+        rule = _HOST_RULES.get(eqn.primitive)
+        inputs = [read(atom) for atom in eqn.invars]
+        if rule is None or len(inputs) != 1 or inputs[0] is None:
+            return None
+        out = rule(inputs[0], **eqn.params)
+        if out is None:
+            return None
+        known[eqn.outvars[0]] = out
+    outs = [read(atom) for atom in closed.jaxpr.outvars]
+    leaves, treedef = jax.tree.flatten(shapes)
+    if any(out is None or out.shape != leaf.shape or out.dtype != leaf.dtype
+           for out, leaf in zip(outs, leaves, strict=True)):
+        return None
+    return jax.tree.unflatten(treedef, [np.array(out) for out in outs])  # owned copies
 
 
 def same_structure(old: Any, new: Any) -> str | None:

@@ -36,11 +36,18 @@ class OptaxOptimizer(Optimizer):
         raise NotImplementedError
 
     def preinitialize(self) -> None:
-        # One program initializes every group: run eagerly, each operation on a new
-        # shape would compile a program of its own.
+        # Zero moments and step counts are made on the host. Otherwise one program
+        # initializes every group: run eagerly, each operation on a new shape would
+        # compile a program of its own.
         inits = [self._transform(group).init for group in self.param_groups]
         values = [[p.stored for p in group["params"]] for group in self.param_groups]
-        states = jax.jit(lambda values: [init(v) for init, v in zip(inits, values)])(values)
+
+        def init_all(values: list) -> list:
+            return [init(v) for init, v in zip(inits, values)]
+
+        states = _step.constant_on_host(init_all, values)
+        if states is None:
+            states = jax.jit(init_all)(values)
         self._tx_state = _step.StateRef(
             states, name=f"{type(self).__name__}.optax_state", skippable=True
         )
