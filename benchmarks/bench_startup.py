@@ -19,8 +19,9 @@ from the benchmark's launch of the process to
 
 A cold cerebrax run starts with an empty compilation cache, the warm run after it uses
 the cache the cold run filled (``CEREBRAX_COMPILE_CACHE`` names the directory). Rounds
-alternate eager, cold, warm; the medians are reported. Every run's 20 losses are
-compared with eager's, so the three do the same training.
+alternate eager, cold, warm, with a pause of ``SETTLE`` seconds before each run so that
+one run's exit does not overlap the next one's start; the medians are reported. Every
+run's 20 losses are compared with eager's, so the three do the same training.
 
     python benchmarks/bench_startup.py                  # table; writes RESULTS.md
     python benchmarks/bench_startup.py --repo OTHER     # cerebrax of another checkout
@@ -46,6 +47,7 @@ from results import write_section
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPTS = HERE / "startup"
 PHASES = ("imports", "model", "first_batch", "first_step")
+SETTLE = 2.0  # seconds between runs
 LABELS = {"imports": "imports", "model": "model, optimizer, schedule built",
           "first_batch": "DataLoader workers until the first batch",
           "first_step": "first step (cerebrax: export, trace, compile or cache load)"}
@@ -101,6 +103,9 @@ def measure(rounds: int, repo: pathlib.Path) -> dict[str, list[dict]]:
             work.mkdir()
             cache = work / "jax_cache"
             for kind in ("eager", "cold", "warm"):
+                # The last run's leftovers (its worker server and resource tracker exit
+                # after it, unmapping gigabytes) would take CPU from this one's start.
+                time.sleep(SETTLE)
                 out = run(kind, tokens, cache, repo)
                 runs[kind].append(out)
                 d = durations(out["marks"])
