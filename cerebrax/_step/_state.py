@@ -137,29 +137,40 @@ _HOST_RULES: dict[Any, Callable[..., np.ndarray | None]] = {
 }
 
 
+def _host_side(leaves: list) -> bool:
+    """Whether every array among ``leaves`` lives in this process's CPU memory: there, a
+    value made on the host is already where the device keeps it. (On an accelerator the
+    program that makes the state on the device is cheaper than copying every moment
+    over, and a mesh of several processes is the program's to lay out.)"""
+    return all(x.is_fully_addressable and all(d.platform == "cpu" for d in x.devices())
+               for x in leaves if isinstance(x, jax.Array))
+
+
 def constant_on_host(fn: Callable[..., Any], *args: Any) -> Any | None:
     """``fn(*args)`` as numpy arrays computed on the host, where every output is a
     constant that does not read the arguments' values (a zero moment, a step count: what
-    an optax ``init`` mostly makes); None otherwise, and the caller runs ``fn`` as a
-    program.
+    an optax ``init`` mostly makes) and the arguments live on CPU devices; None
+    otherwise, and the caller runs ``fn`` as a program.
 
     ``fn`` is traced, not compiled: compiling even a small program costs 0.1 s. The
     values are exact: fills of a literal, and casts only where the value is exactly
-    representable in both dtypes. Arguments laid out over devices of several processes
-    are left to the program.
+    representable in both dtypes.
     """
-    if not all(x.is_fully_addressable for x in jax.tree.leaves(args)
-               if isinstance(x, jax.Array)):
+    if not _host_side(jax.tree.leaves(args)):
         return None
     closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
-    known: dict[Any, np.ndarray] = {
-        var: np.asarray(value) for var, value in zip(closed.jaxpr.constvars, closed.consts)}
+    if not _host_side(list(closed.consts)):
+        return None
+    consts = dict(zip(closed.jaxpr.constvars, closed.consts))
+    known: dict[Any, np.ndarray] = {}
 
     def read(atom: Any) -> np.ndarray | None:
         # A jaxpr atom is a variable or a literal; only a literal holds its value. (Not
         # isinstance of jax.extend.core.Literal: importing jax.extend costs 25 ms.)
         if hasattr(atom, "val"):
             return np.asarray(atom.val, atom.aval.dtype)
+        if atom in consts:
+            return np.asarray(consts[atom])
         return known.get(atom)  # None: an argument, or what no rule computed
 
     for eqn in closed.jaxpr.eqns:
@@ -176,7 +187,8 @@ def constant_on_host(fn: Callable[..., Any], *args: Any) -> Any | None:
     if any(out is None or out.shape != leaf.shape or out.dtype != leaf.dtype
            for out, leaf in zip(outs, leaves, strict=True)):
         return None
-    return jax.tree.unflatten(treedef, [np.array(out) for out in outs])  # owned copies
+    # Each leaf a buffer of its own (a fill is a broadcast view until copied).
+    return jax.tree.unflatten(treedef, [np.array(out) for out in outs])
 
 
 def same_structure(old: Any, new: Any) -> str | None:

@@ -79,3 +79,15 @@ def test_only_constants_are_made_on_the_host(init, on_host):
     assert (out is not None) == on_host
     if on_host:
         _assert_identical(jax.tree.map(jnp.asarray, out), jax.jit(init)(values))
+
+
+
+def test_state_for_an_accelerator_is_left_to_the_program(monkeypatch):
+    # On a GPU or TPU the program makes the zeros in device memory; made on the host,
+    # every moment would be copied over.
+    values = [jnp.ones((3, 2))]
+    init = optax.adam(0.1).init
+    assert constant_on_host(init, values) is not None
+    gpu = type("Device", (), {"platform": "gpu"})()
+    monkeypatch.setattr(type(values[0]), "devices", lambda self: {gpu})
+    assert constant_on_host(init, values) is None
