@@ -24,6 +24,7 @@ one run's exit does not overlap the next one's start; the medians are reported. 
 run's 20 losses are compared with eager's, so the three do the same training.
 
     python benchmarks/bench_startup.py                  # table; writes RESULTS.md
+    python benchmarks/bench_startup.py --call module    # the step calls the torch module
     python benchmarks/bench_startup.py --repo OTHER     # cerebrax of another checkout
                                                         # (``git worktree``), e.g. before
                                                         # a change, for a "before" table
@@ -53,7 +54,8 @@ LABELS = {"imports": "imports", "model": "model, optimizer, schedule built",
           "first_step": "first step (cerebrax: export, trace, compile or cache load)"}
 
 
-def run(kind: str, tokens: pathlib.Path, cache: pathlib.Path, repo: pathlib.Path) -> dict:
+def run(kind: str, tokens: pathlib.Path, cache: pathlib.Path, repo: pathlib.Path,
+        call: str = "compiled") -> dict:
     """One fresh process: ``{"marks": {phase: s from launch}, "losses": [...]}``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(SCRIPTS), str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -61,7 +63,7 @@ def run(kind: str, tokens: pathlib.Path, cache: pathlib.Path, repo: pathlib.Path
         command = [sys.executable, str(SCRIPTS / "train_eager.py"), str(tokens)]
     else:
         command = [sys.executable, "-m", "cerebrax", "run", str(SCRIPTS / "train_cstorch.py"),
-                   str(tokens)]
+                   str(tokens), call]
         env["CEREBRAX_COMPILE_CACHE"] = str(cache)
     env["STARTUP_T0"] = repr(time.time())
     result = subprocess.run(command, cwd=cache.parent, env=env, capture_output=True,
@@ -89,7 +91,7 @@ def durations(marks: dict) -> dict:
     return out
 
 
-def measure(rounds: int, repo: pathlib.Path) -> dict[str, list[dict]]:
+def measure(rounds: int, repo: pathlib.Path, call: str = "compiled") -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {"eager": [], "cold": [], "warm": []}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
@@ -106,7 +108,7 @@ def measure(rounds: int, repo: pathlib.Path) -> dict[str, list[dict]]:
                 # The last run's leftovers (its worker server and resource tracker exit
                 # after it, unmapping gigabytes) would take CPU from this one's start.
                 time.sleep(SETTLE)
-                out = run(kind, tokens, cache, repo)
+                out = run(kind, tokens, cache, repo, call)
                 runs[kind].append(out)
                 d = durations(out["marks"])
                 print(f"round {i + 1} {kind:5s}: " + ", ".join(
@@ -165,9 +167,12 @@ def main() -> None:
     parser.add_argument("--name", default="startup",
                         help="the RESULTS.md section to write (e.g. startup_before)")
     parser.add_argument("--label", default="after")
+    parser.add_argument("--call", choices=("compiled", "module"), default="compiled",
+                        help="what the cstorch script's step calls: the compiled model "
+                        "(as gigaGPT does), or the torch module itself")
     parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
     args = parser.parse_args()
-    runs = measure(args.rounds, pathlib.Path(args.repo).resolve())
+    runs = measure(args.rounds, pathlib.Path(args.repo).resolve(), args.call)
     text = section(runs, args.rounds, args.label,
                    "".join(f" {shlex.quote(a)}" for a in sys.argv[1:] if a != args.output))
     print(text)

@@ -1,4 +1,10 @@
-"""A gigaGPT-style cstorch training script (run by bench_startup.py with ``cerebrax run``)."""
+"""A gigaGPT-style cstorch training script (run by bench_startup.py with ``cerebrax run``).
+
+``train_cstorch.py TOKENS`` calls the compiled model in the step, as gigaGPT does;
+``train_cstorch.py TOKENS module`` calls the torch module itself there instead (its
+parameters read as the compiled state's), which traces its forward op by op through the
+bridge's tensor rather than exporting it with ``torch.export``.
+"""
 
 import sys
 
@@ -11,7 +17,7 @@ from phases import mark
 STEPS, WARMUP, LR = 20, 2, 6e-4
 
 
-def main(data_path):
+def main(data_path, call="compiled"):
     mark("imports")
     backend = cstorch.backend("CPU")
     torch.manual_seed(0)
@@ -32,7 +38,7 @@ def main(data_path):
     @cstorch.trace
     def training_step(batch):
         input_ids, labels = batch
-        loss = compiled_model(input_ids, labels)
+        loss = (compiled_model if call == "compiled" else model)(input_ids, labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
@@ -58,4 +64,4 @@ def main(data_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
