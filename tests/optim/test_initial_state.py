@@ -81,7 +81,6 @@ def test_only_constants_are_made_on_the_host(init, on_host):
         _assert_identical(jax.tree.map(jnp.asarray, out), jax.jit(init)(values))
 
 
-
 def test_state_for_an_accelerator_is_left_to_the_program(monkeypatch):
     # On a GPU or TPU the program makes the zeros in device memory; made on the host,
     # every moment would be copied over.
