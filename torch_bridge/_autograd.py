@@ -48,7 +48,7 @@ from torch.overrides import TorchFunctionMode
 from cerebrax._runtime import RUNTIME
 
 from . import _functions, _hooks
-from ._tensor import JaxTensor
+from ._tensor import JaxTensor, refuse_in_direct
 from .ops import lowering
 
 __all__ = ["exporting", "exporting_functions", "honouring_functions"]
@@ -166,6 +166,7 @@ def _route(cls: type, args: tuple, kwargs: dict) -> Any:
         with torch.no_grad():
             return function(*inputs)
     if _STATE.depth and not cls.__module__.startswith("torch."):
+        refuse_in_direct(f"the custom autograd Function {cls.__qualname__}")
         tensors = [x for x in pytree.tree_leaves((args, kwargs))
                    if isinstance(x, torch.Tensor)]
         if tensors and exporting() and not any(isinstance(t, JaxTensor) for t in tensors):

@@ -19,9 +19,9 @@ from cerebrax._tree import combine, partition_leaves
 
 from . import ops as _ops  # noqa: F401  (registers the built-in lowerings)
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
-from . import _export_cache
+from . import _direct, _export_cache
 from ._program import Program
-from ._tensor import JaxTensor
+from ._tensor import DirectRefused, JaxTensor
 
 __all__ = ["Converted", "call_defaults", "convert", "random_seed"]
 
@@ -109,8 +109,7 @@ def _cpu_stand_ins(module: torch.nn.Module):
     holds its value, and layers that compare devices agree. Only shapes and dtypes are
     read from the module's tensors during an export.
     """
-    named = [*module.named_parameters(remove_duplicate=False),
-             *module.named_buffers(remove_duplicate=False)]
+    named = _direct.state_slots(module)
     if not any(t.is_meta or isinstance(t, JaxTensor) for _, t in named):
         yield
         return
@@ -120,16 +119,7 @@ def _cpu_stand_ins(module: torch.nn.Module):
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     made: dict[int, torch.Tensor] = {}  # tied tensors get one stand-in
     stand_ins = {}
-    slots: set[tuple[int, str]] = set()
     for name, t in named:
-        # A submodule registered under two names (Model Zoo's gpt2 holds its final norm
-        # as ln_f and as transformer_decoder.norm) has one slot per tensor: swapping it
-        # twice would restore the stand-in, not the tensor, after the export.
-        owner, _, attr = name.rpartition(".")
-        slot = (id(module.get_submodule(owner)), attr)
-        if slot in slots:
-            continue
-        slots.add(slot)
         if id(t) not in made:
             meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
             fake = mode.fake_tensor_converter.from_meta_and_device(
@@ -169,6 +159,8 @@ class Converted:
         floats = [t.dtype for t in (*p.values(), *b.values()) if t.is_floating_point()]
         self._float_dtype = floats[0] if floats else None
         self._programs: dict[Any, Program] = {}
+        # Why a call signature is exported rather than traced directly (run_direct).
+        self.direct_refusals: dict[Any, str] = {}
         self._calls: dict[Any, Callable] = {}
         self._key = random_seed()
         self.defaults = call_defaults(module)
@@ -193,6 +185,16 @@ class Converted:
         in ``forward``.
         """
         train = self.train if train is None else bool(train)
+        signature, leaves, _, dtypes = self._signature(args, kwargs, train, torch_dtypes)
+        program = self._programs.get(signature)
+        if program is None:
+            program = self._programs[signature] = self._export(signature, leaves, dtypes)
+        return program
+
+    def _signature(self, args: tuple, kwargs: dict | None, train: bool,
+                   torch_dtypes: tuple | None) -> tuple[tuple, list, Any, list]:
+        """A call's graph signature (see :meth:`program`), its input leaves and
+        structure, and the torch dtype of each integer JAX leaf (None elsewhere)."""
         leaves, spec = self.flatten(args, kwargs)
         dtypes = list(torch_dtypes) if torch_dtypes is not None else [None] * len(leaves)
         dtypes = [d if d is not None and not d.is_floating_point and _is_input_array(x)
@@ -200,10 +202,30 @@ class Converted:
                   for x, d in zip(leaves, dtypes)]
         signature = (train, spec, tuple(_leaf_signature(x) for x in leaves), tuple(dtypes),
                      _autocast_state())
-        program = self._programs.get(signature)
-        if program is None:
-            program = self._programs[signature] = self._export(signature, leaves, dtypes)
-        return program
+        return signature, leaves, spec, dtypes
+
+    def run_direct(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *,
+                   train: bool | None = None, torch_dtypes: tuple | None = None
+                   ) -> tuple[list, Any, dict] | None:
+        """Runs the module's forward op by op on the values, without exporting it
+        (``torch_bridge._direct``): ``(output leaves, output spec, new buffers)``, or
+        None where that could give another program than the exported graph's (random
+        ops, custom Functions, half precision...: :attr:`direct_refusals` says why,
+        per signature), and the caller runs :meth:`program` instead.
+
+        ``CEREBRAX_TORCH_CAPTURE=export`` makes every call refuse."""
+        if not _direct.enabled():
+            return None
+        train = self.train if train is None else bool(train)
+        signature, leaves, spec, dtypes = self._signature(args, kwargs, train, torch_dtypes)
+        if signature in self.direct_refusals:
+            return None
+        try:
+            return _direct.run(self.module, params, buffers, self.aliases, leaves, spec,
+                               dtypes, train=train)
+        except DirectRefused as e:
+            self.direct_refusals[signature] = str(e)
+            return None
 
     def _export(self, signature: tuple, leaves: list, dtypes: list) -> Program:
         """The graph for ``signature``: the one kept from an earlier process where the

@@ -25,6 +25,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from cerebrax.errors import ConfigError, TensorReadError
 
 from ._autograd import exporting_functions
+from ._direct import training_mode
 from ._hooks import link_tensor_hooks
 from ._rewrites import rewrite
 from ._side_calls import SideCalls, exporting_side_calls
@@ -53,18 +54,6 @@ _TORCH_INTERNAL_WARNINGS = (
     # nn.RNNBase re-assigns its `_flat_weights` list inside forward.
     (UserWarning, r"The tensor attributes .*_flat_weights\[\d+\].* were assigned during export"),
 )
-
-
-@contextlib.contextmanager
-def _mode(module: torch.nn.Module, train: bool) -> Iterator[None]:
-    """Puts every submodule in ``train`` mode, then restores each one's own mode."""
-    before = [(m, m.training) for m in module.modules()]
-    module.train(train)
-    try:
-        yield
-    finally:
-        for m, was in before:
-            m.training = was
 
 
 # torch computes the output shapes of a recurrent op during export by running its Python
@@ -229,7 +218,7 @@ def export_program(
 
     Custom autograd Functions and gradient hooks in ``forward`` become nodes of the
     graph that run them on the gradients (``torch_bridge._autograd``)."""
-    with _mode(module, train), _fast_recurrent_shapes(), warnings.catch_warnings():
+    with training_mode(module, train), _fast_recurrent_shapes(), warnings.catch_warnings():
         for category, message in _TORCH_INTERNAL_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
         with exporting_side_calls(module) as side_calls, exporting_functions():

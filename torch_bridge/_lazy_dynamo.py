@@ -33,7 +33,7 @@ import torch
 
 from cerebrax._runtime import RUNTIME
 
-__all__ = ["defer"]
+__all__ = ["defer", "defer_function"]
 
 _ATTRIBUTE = "__dynamo_disable"  # where torch's wrapper caches the disabled function
 # Exact type checks: ``isinstance`` reads ``__class__``, which some of torch's module
@@ -63,19 +63,40 @@ def defer() -> None:
     if RUNTIME.dynamo_deferred:
         return
     RUNTIME.dynamo_deferred = True
-    if "torch._dynamo" in sys.modules:
+    code = _wrapper_code()
+    if code is None:
         return
+    for wrapper in _marked(code):
+        _stand_in(wrapper, code)
+
+
+def defer_function(wrapper: Any) -> None:
+    """:func:`defer` for one function made by torch's ``_disable_dynamo`` that torch's
+    modules do not hold (the ``__torch_dispatch__`` of a ``TorchDispatchMode``
+    subclass, which torch marks as the class is made); anything else is left as it is."""
+    code = _wrapper_code()
+    if code is not None and type(wrapper) is _FUNCTION and wrapper.__code__ is code:
+        _stand_in(wrapper, code)
+
+
+def _wrapper_code() -> types.CodeType | None:
+    """The code of the functions torch's ``_disable_dynamo`` makes; None where
+    ``torch._dynamo`` is imported already, or torch has no such wrapper."""
+    if "torch._dynamo" in sys.modules:
+        return None
     make = getattr(getattr(torch, "_compile", None), "_disable_dynamo", None)
     if make is None:
-        return
+        return None
     code = make(lambda: None).__code__
     if not {"fn"} <= set(code.co_freevars):
-        return  # a torch whose wrapper is not the one this module knows
-    fn_cell = code.co_freevars.index("fn")
-    for wrapper in _marked(code):
-        fn = wrapper.__closure__[fn_cell].cell_contents
-        if type(fn) is _FUNCTION and _ATTRIBUTE not in vars(fn):
-            setattr(fn, _ATTRIBUTE, _UntilDynamo(fn, wrapper))
+        return None  # a torch whose wrapper is not the one this module knows
+    return code
+
+
+def _stand_in(wrapper: types.FunctionType, code: types.CodeType) -> None:
+    fn = wrapper.__closure__[code.co_freevars.index("fn")].cell_contents
+    if type(fn) is _FUNCTION and _ATTRIBUTE not in vars(fn):
+        setattr(fn, _ATTRIBUTE, _UntilDynamo(fn, wrapper))
 
 
 def _marked(code: types.CodeType) -> list[types.FunctionType]:

@@ -24,6 +24,8 @@ import torch.utils._pytree as pytree
 
 from cerebrax._tree import Skeleton, combine, partition
 
+from ._tensor import refuse_in_direct
+
 __all__ = ["SideCalls", "exporting_side_calls", "record_side_call"]
 
 _RECORDING: contextvars.ContextVar[list | None] = contextvars.ContextVar(
@@ -34,6 +36,7 @@ def record_side_call(fn: Callable, args: tuple, kwargs: dict) -> bool:
     """While a module's ``forward`` is exported, records ``fn(*args, **kwargs)`` to run
     on the graph's values each time the graph runs, and returns True; elsewhere it
     records nothing and returns False (the caller then runs the call itself)."""
+    refuse_in_direct(f"a call made for its effect ({getattr(fn, '__qualname__', fn)})")
     calls = _RECORDING.get()
     if calls is None:
         return False

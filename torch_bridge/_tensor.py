@@ -54,8 +54,8 @@ from .ops._dtypes import export_dtype, jax_dtype, to_jax
 # the process now and then ("terminate called without an active exception", exit 134).
 atexit.register(gc.collect)
 
-__all__ = ["JaxTensor", "assign", "detached_to_leaf", "is_view", "on_backward",
-           "recording", "stand_in", "unwrap", "wrap"]
+__all__ = ["DirectRefused", "JaxTensor", "assign", "detached_to_leaf", "is_view",
+           "on_backward", "recording", "refuse_in_direct", "stand_in", "unwrap", "wrap"]
 
 aten = torch.ops.aten
 
@@ -93,6 +93,19 @@ such as x.view(torch.int32), or view_as_real) inside a compiled step. cerebrax d
 write through such views: compute a new tensor instead of writing in place."""
 
 # Ops that return a Python number: they read the value.
+class DirectRefused(Exception):
+    """A direct trace (``torch_bridge._direct``) met a construct it does not run as the
+    exported graph would; the caller exports the module instead."""
+
+
+def refuse_in_direct(what: str) -> None:
+    """Raises :class:`DirectRefused` (naming ``what``) while a direct trace runs."""
+    if RUNTIME.bridge_direct:
+        raise DirectRefused(what)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
 _READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 # Ops that only relabel a value (their lowering would copy it or stop its gradient).
 _ALIASES = {aten.alias.default, aten.lift_fresh.default, aten.detach.default}
@@ -299,11 +312,20 @@ def _run_op(func: Any, args: tuple, kwargs: dict) -> Any:
         return _copy_(*args, **kwargs)
     if func._schema.is_mutable and func._schema.name.endswith("_"):
         return _in_place(func, args, kwargs)
+    if func in _BATCH_NORMS:
+        updated = _batch_norm_updating(func, args, kwargs)
+        if updated is not None:
+            return updated
     entry = ops.lookup(func)
     if entry is None or entry.random:
         return _decompose(func, args, kwargs)
     meta_args, meta_kwargs = _to_meta((args, kwargs))
     meta = func(*meta_args, **meta_kwargs)  # torch's shapes and dtypes of the results
+    if RUNTIME.bridge_direct and any(isinstance(m, torch.Tensor) and m.dtype in _HALF
+                                     for m in pytree.tree_leaves(meta)):
+        # An exported graph broadcasts half-precision operands with a float32-summed
+        # gradient (torch_bridge._program._broadcast_half); op by op they are not.
+        raise DirectRefused(f"{func} with a half-precision result")
     jax_args, jax_kwargs = _to_jax((args, kwargs))
     out = _wrap_like(entry.fn(*jax_args, **jax_kwargs), meta, func)
     if func.is_view and isinstance(args[0], JaxTensor):
@@ -421,6 +443,36 @@ def _in_place(func: Any, args: tuple, kwargs: dict) -> Any:
     value = result._jax if isinstance(result, JaxTensor) else jnp.asarray(result)
     target._jax = jnp.broadcast_to(value, tuple(target.shape)).astype(jax_dtype(target.dtype))
     return target
+
+
+# Batch norm in train mode writes its running statistics into its arguments, though
+# torch's schemas of these two ops do not mark them as written.
+_BATCH_NORMS = {aten.native_batch_norm.default, aten._native_batch_norm_legit.default}
+_BATCH_NORM_ARGS = ("input", "weight", "bias", "running_mean", "running_var", "training",
+                    "momentum", "eps")
+
+
+def _batch_norm_updating(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A train-mode batch norm with running statistics: its results, with the updated
+    statistics written into the running-statistic tensors, as torch does; None for any
+    other call (no statistics to update)."""
+    bound = dict(zip(_BATCH_NORM_ARGS, args), **kwargs)
+    stats = bound["running_mean"], bound["running_var"]
+    if not bound["training"] or any(s is None for s in stats):
+        return None
+    for s in stats:
+        if not isinstance(s, JaxTensor):
+            raise UnsupportedOpError(
+                f"{func} in train mode updates its running statistics in place, and one "
+                f"is a torch tensor that is not part of the compiled step "
+                f"({type(s).__name__} of shape {tuple(s.shape)}). Call the model through "
+                "cstorch.compile's wrapper (compiled_model(x)), whose buffers are the "
+                "step's state, or put the layer in eval mode.")
+    out, mean, rstd, new_mean, new_var = aten._native_batch_norm_legit_functional.default(
+        *(bound[name] for name in _BATCH_NORM_ARGS))
+    for target, value in zip(stats, (new_mean, new_var)):
+        target._jax = value._jax.astype(jax_dtype(target.dtype))
+    return out, mean, rstd
 
 
 def _decompose(func: Any, args: tuple, kwargs: dict) -> Any:

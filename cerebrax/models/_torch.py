@@ -62,9 +62,11 @@ class TorchModelAdapter(ModelAdapter):
     """Runs a torch module in ``cerebrax.compile`` through :class:`Converted`.
 
     Parameters and buffers keep torch ``state_dict`` names (a tied parameter once, under
-    its first name; ``state_dict()`` lists it under every name, as torch does); the
-    module is exported once per mode (``train`` flag) and input signature, at the first
-    call. The original module stays the user's handle on the model:
+    its first name; ``state_dict()`` lists it under every name, as torch does). A call
+    traces the module's ``forward`` op by op on the step's values where that gives the
+    exported graph's program (:meth:`torch_bridge.Converted.run_direct`), and otherwise
+    runs the graph exported once per mode (``train`` flag) and input signature, at the
+    first such call. The original module stays the user's handle on the model:
 
     - its ``training`` flag is the compiled model's mode (``module.train()`` /
       ``module.eval()`` switch it);
@@ -128,6 +130,11 @@ class TorchModelAdapter(ModelAdapter):
 
     def apply(self, params: dict, buffers: dict, args: tuple, kwargs: dict, *, train: bool,
               key: jax.Array | None) -> tuple[TorchOutputs, dict]:
+        direct = self.converted.run_direct(params, buffers, args, kwargs, train=train,
+                                           torch_dtypes=self._call_dtypes)
+        if direct is not None:
+            out, spec, new_buffers = direct
+            return TorchOutputs(out, spec), new_buffers
         program = self._program(args, kwargs, train)
         out, new_buffers = self.converted.run(params, buffers, args, kwargs, train=train,
                                               key=key, flat=True, program=program)

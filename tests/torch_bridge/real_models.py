@@ -359,12 +359,14 @@ def _to_double(x: Any) -> Any:
 
 
 def jax_step(case: Case, model: torch.nn.Module, *, train: bool,
-             compiler_options: dict | None = None
+             compiler_options: dict | None = None, direct: bool = False
              ) -> tuple[Callable[[], StepResult], torch_bridge.Converted]:
     """The same step through ``torch_bridge.convert``, jitted: ``(run, converted)``.
 
     ``run()`` exports, compiles and runs the step on the converted state the first
-    time; the result's arrays are numpy (a host sync point).
+    time; the result's arrays are numpy (a host sync point). ``direct``: the module is
+    traced op by op where it can be (``Converted.run_direct``, as ``cstorch.compile``
+    runs it), exported where that refuses.
     """
     conv = torch_bridge.convert(model, train=train)
     tx = optax_optimizer()
@@ -379,9 +381,13 @@ def jax_step(case: Case, model: torch.nn.Module, *, train: bool,
 
     def step(params, frozen, buffers, opt_state, inputs):
         def objective(p):
-            out, new_buffers = conv.apply({**p, **frozen}, buffers, *inputs[:n_args],
-                                          key=key, **dict(zip(names, inputs[n_args:])),
-                                          **flags)
+            call = (tuple(inputs[:n_args]), {**dict(zip(names, inputs[n_args:])), **flags})
+            traced = conv.run_direct({**p, **frozen}, buffers, *call) if direct else None
+            if traced is not None:
+                leaves, spec, new_buffers = traced
+                out = torch.utils._pytree.tree_unflatten(leaves, spec)
+            else:
+                out, new_buffers = conv.run({**p, **frozen}, buffers, *call, key=key)
             return jax_objective(case, out), (out, new_buffers)
 
         (value, (out, new_buffers)), grads = jax.value_and_grad(objective, has_aux=True)(

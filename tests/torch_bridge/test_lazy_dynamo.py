@@ -78,9 +78,10 @@ STEP = textwrap.dedent("""
 """)
 
 
-def run(code: str, directory: pathlib.Path, *args: str) -> dict:
+def run(code: str, directory: pathlib.Path, *args: str, capture: str = "auto") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "CEREBRAX_COMPILE_CACHE"}
-    env.update(JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(directory / "xdg"))
+    env.update(JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(directory / "xdg"),
+               CEREBRAX_TORCH_CAPTURE=capture)
     result = subprocess.run([sys.executable, "-c", code, *args], cwd=directory, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -98,9 +99,11 @@ def test_meta_kernels_run_without_dynamo_and_hand_over_once_it_is_imported(tmp_p
 
 
 def test_a_traced_step_with_clipping_trains_the_same_without_importing_dynamo(tmp_path):
-    first = run(STEP, tmp_path, "plain")  # exports the model (torch.export imports Dynamo)
-    warm = run(STEP, tmp_path, "plain")  # the graph from the export cache
+    direct = run(STEP, tmp_path, "plain")  # the model traced directly: no torch.export
+    # Exported (torch.export imports Dynamo), then the graph from the export cache.
+    first = run(STEP, tmp_path, "plain", capture="export")
+    warm = run(STEP, tmp_path, "plain", capture="export")
     reference = run(STEP, tmp_path, "dynamo-first")  # torch's own disabled kernels
     assert first["imported"] and reference["imported"]
-    assert not warm["imported"]
-    assert warm["losses"] == first["losses"] == reference["losses"]
+    assert not warm["imported"] and not direct["imported"]
+    assert warm["losses"] == first["losses"] == reference["losses"] == direct["losses"]

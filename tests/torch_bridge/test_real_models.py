@@ -149,17 +149,38 @@ def draws_layerdrop(model) -> bool:
 
 @pytest.mark.parametrize(("name", "mode"), list(_params()))
 def test_one_step_matches_torch(name, mode):
+    check_step(name, mode, direct=False)
+
+
+# The default cases that cstorch.compile traces directly (torch_bridge._direct): the
+# vision networks but ViT (attention), in train mode. The transformers run attention
+# through scaled_dot_product_attention, which is exported.
+DIRECT = sorted(name for name, mode in DEFAULT if CASES[name].family == "vision"
+                and name != "vit_tiny")
+
+
+@pytest.mark.parametrize("name", DIRECT)
+def test_one_step_traced_directly_matches_torch(name):
+    converted = check_step(name, "train", direct=True)
+    assert converted.direct_refusals == {} and converted.programs == []
+
+
+def check_step(name: str, mode: str, *, direct: bool):
+    """One step of case ``name`` in ``mode`` against torch eager (the module docstring's
+    bounds); returns the bridge's Converted."""
     case = CASES[name]
     train = mode == "train"
     model = case.build().train(train)
     if train and draws_layerdrop(model):  # a branch on a random value: refused, clearly
         with pytest.raises(TensorReadError, match="branches on a tensor's value"):
-            jax_step(case, model, train=train, compiler_options=COMPILER_OPTIONS)[0]()
-        return
+            jax_step(case, model, train=train, compiler_options=COMPILER_OPTIONS,
+                     direct=direct)[0]()
+        return None
     want = torch_step(case, model, train=train)
     exact = torch_step(case, model, train=train, double=True)
     tol = tolerances(want, exact)
-    run, _ = jax_step(case, model, train=train, compiler_options=COMPILER_OPTIONS)
+    run, converted = jax_step(case, model, train=train, compiler_options=COMPILER_OPTIONS,
+                              direct=direct)
     got = run()
     assert abs(got.objective - exact.objective) <= tol["outputs"] * max(abs(exact.objective), 1)
     found = errors(got, exact)
@@ -167,6 +188,7 @@ def test_one_step_matches_torch(name, mode):
     assert not bad, f"{name} ({mode}): {found}, tolerances {tol}"
     if name in WELL_CONDITIONED:
         assert max(tol.values()) == TOL, tol
+    return converted
 
 
 def test_default_run_covers_8_hf_and_8_vision_architectures():
