@@ -195,8 +195,9 @@ class Runtime:
     bridge_recorders: list = dataclasses.field(default_factory=list,
                                                metadata={"kept": True})
     bridge_backward: list = dataclasses.field(default_factory=list, metadata={"kept": True})
-    # The nesting of torch_bridge's direct traces (torch_bridge._direct) running now.
-    bridge_direct: int = dataclasses.field(default=0, metadata={"kept": True})
+    # The threads running torch_bridge's direct traces (torch_bridge._direct), one entry
+    # per open trace.
+    bridge_direct: list = dataclasses.field(default_factory=list, metadata={"kept": True})
 
     def reset(self) -> None:
         """Stops every stream and forgets every field above the kept ones; bumps

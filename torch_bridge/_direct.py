@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -218,7 +219,7 @@ def run(module: torch.nn.Module, params: dict, buffers: dict, aliases: dict[str,
     if reason is not None:
         raise DirectRefused(reason)
     _lazy_dynamo.defer()  # torch's dispatch-mode machinery, without torch._dynamo
-    RUNTIME.bridge_direct += 1
+    RUNTIME.bridge_direct.append(threading.get_ident())
     try:
         with paused_recording(), honouring_functions(), _Guard(), _Ops():
             return _run(module, params, buffers, aliases, leaves, spec, dtypes, train)
@@ -227,7 +228,7 @@ def run(module: torch.nn.Module, params: dict, buffers: dict, aliases: dict[str,
     except Exception as e:  # the export raises its own error, or runs where this cannot
         raise DirectRefused(f"{type(e).__name__}: {e}") from e
     finally:
-        RUNTIME.bridge_direct -= 1
+        RUNTIME.bridge_direct.remove(threading.get_ident())
 
 
 def _run(module, params, buffers, aliases, leaves, spec, dtypes, train):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -98,9 +99,15 @@ class DirectRefused(Exception):
     exported graph would; the caller exports the module instead."""
 
 
+def in_direct() -> bool:
+    """Whether this thread runs a direct trace (``torch_bridge._direct``) now."""
+    return bool(RUNTIME.bridge_direct) and threading.get_ident() in RUNTIME.bridge_direct
+
+
 def refuse_in_direct(what: str) -> None:
-    """Raises :class:`DirectRefused` (naming ``what``) while a direct trace runs."""
-    if RUNTIME.bridge_direct:
+    """Raises :class:`DirectRefused` (naming ``what``) while this thread runs a direct
+    trace."""
+    if in_direct():
         raise DirectRefused(what)
 
 
@@ -321,8 +328,8 @@ def _run_op(func: Any, args: tuple, kwargs: dict) -> Any:
         return _decompose(func, args, kwargs)
     meta_args, meta_kwargs = _to_meta((args, kwargs))
     meta = func(*meta_args, **meta_kwargs)  # torch's shapes and dtypes of the results
-    if RUNTIME.bridge_direct and any(isinstance(m, torch.Tensor) and m.dtype in _HALF
-                                     for m in pytree.tree_leaves(meta)):
+    if in_direct() and any(isinstance(m, torch.Tensor) and m.dtype in _HALF
+                           for m in pytree.tree_leaves(meta)):
         # An exported graph broadcasts half-precision operands with a float32-summed
         # gradient (torch_bridge._program._broadcast_half); op by op they are not.
         raise DirectRefused(f"{func} with a half-precision result")

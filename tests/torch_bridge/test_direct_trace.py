@@ -263,6 +263,22 @@ def test_constructs_the_direct_trace_would_run_differently_are_exported(name, mo
         assert_states_close(state, eager_state, rtol=1e-4, atol=1e-5)
 
 
+def test_parameter_data_and_detach_in_forward_carry_no_gradient(monkeypatch):
+    """``p.data`` and ``p.detach()`` read in ``forward`` are constants to the gradient, as
+    in torch (the export cannot capture ``p.data``)."""
+
+    class Penalized(Tabular):
+        def forward(self, x):
+            y = super().forward(x)
+            return y + (self.fc.weight.data ** 2).sum() * 0.1 + self.fc.bias.detach().sum()
+
+    losses, state, converted = train_cerebrax(Penalized, "tabular", "auto", monkeypatch)
+    assert converted.direct_refusals == {} and converted.programs == []
+    eager_losses, eager_state = train_eager(Penalized, "tabular")
+    np.testing.assert_allclose(losses, eager_losses, rtol=2e-5)
+    assert_states_close(state, eager_state, rtol=1e-4, atol=1e-5)
+
+
 def test_a_forward_branching_on_a_value_raises_the_exports_error(monkeypatch):
     class Branch(Tabular):
         def forward(self, x):
