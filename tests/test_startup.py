@@ -121,7 +121,8 @@ STEP_SCRIPT = textwrap.dedent("""
 
 def run_step(directory: pathlib.Path, scale: float, **env: str) -> dict:
     # The default cache folder, under a home of the test's own.
-    base = {k: v for k, v in os.environ.items() if k != "CEREBRAX_COMPILE_CACHE"}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("CEREBRAX_COMPILE_CACHE", "CEREBRAX_TORCH_CAPTURE")}
     base.update(JAX_PLATFORMS="cpu", XDG_CACHE_HOME=str(directory / "xdg"))
     result = subprocess.run([sys.executable, "-c", STEP_SCRIPT, str(scale)], cwd=directory,
                             capture_output=True, text=True, timeout=300,
@@ -132,11 +133,13 @@ def run_step(directory: pathlib.Path, scale: float, **env: str) -> dict:
 
 def test_a_second_run_loads_its_step_and_a_changed_step_is_compiled_again(tmp_path):
     pytest.importorskip("torch")  # the script trains a torch model
-    first = run_step(tmp_path, 1.0)
+    # The model is exported (not traced directly), so the export cache is checked too.
+    export = {"CEREBRAX_TORCH_CAPTURE": "export"}
+    first = run_step(tmp_path, 1.0, **export)
     assert first["dir"] == str(tmp_path / "xdg" / "cerebrax" / "jax_cache")
     assert not (tmp_path / "cerebras_logs").exists()  # nothing written where it runs
     assert first["misses"] >= 1 and first["hits"] == 0
-    second = run_step(tmp_path, 1.0)
+    second = run_step(tmp_path, 1.0, **export)
     # Every program of the second process, the step included, is loaded: none compiled;
     # the model's graph is loaded too: torch.export's machinery is not even imported.
     assert second["misses"] == 0 and second["hits"] >= 1, second
@@ -144,12 +147,24 @@ def test_a_second_run_loads_its_step_and_a_changed_step_is_compiled_again(tmp_pa
     assert first["exported"] and not second["exported"]
     # An edited step is another program: compiled, never the stale one loaded. The
     # model is the same, and so is its graph.
-    changed = run_step(tmp_path, 2.0)
-    uncached = run_step(tmp_path, 2.0, CEREBRAX_COMPILE_CACHE="0")
+    changed = run_step(tmp_path, 2.0, **export)
+    uncached = run_step(tmp_path, 2.0, CEREBRAX_COMPILE_CACHE="0", **export)
     assert changed["misses"] >= 1, changed
     assert changed["losses"] == uncached["losses"] != first["losses"]
     assert uncached["dir"] is None and uncached["hits"] == uncached["misses"] == 0
     assert not changed["exported"] and uncached["exported"]
+
+
+def test_a_directly_traced_model_exports_nothing_and_a_second_run_loads_its_step(tmp_path):
+    pytest.importorskip("torch")  # the script trains a torch model
+    first = run_step(tmp_path, 1.0)
+    second = run_step(tmp_path, 1.0)
+    assert not first["exported"] and not second["exported"]
+    assert first["misses"] >= 1 and first["hits"] == 0
+    assert second["misses"] == 0 and second["hits"] >= 1, second
+    exported = run_step(tmp_path, 1.0, CEREBRAX_TORCH_CAPTURE="export",
+                        CEREBRAX_COMPILE_CACHE="0")
+    assert second["losses"] == first["losses"] == exported["losses"]
 
 
 def test_the_switch_names_another_directory(tmp_path):

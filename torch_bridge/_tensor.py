@@ -93,7 +93,6 @@ An in-place op writes into a view that reinterprets its tensor's bytes (a dtype 
 such as x.view(torch.int32), or view_as_real) inside a compiled step. cerebrax does not
 write through such views: compute a new tensor instead of writing in place."""
 
-# Ops that return a Python number: they read the value.
 class DirectRefused(Exception):
     """A direct trace (``torch_bridge._direct``) met a construct it does not run as the
     exported graph would; the caller exports the module instead."""
@@ -113,6 +112,7 @@ def refuse_in_direct(what: str) -> None:
 
 _HALF = (torch.float16, torch.bfloat16)
 
+# Ops that return a Python number: they read the value.
 _READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 # Ops that only relabel a value (their lowering would copy it or stop its gradient).
 _ALIASES = {aten.alias.default, aten.lift_fresh.default, aten.detach.default}
