@@ -144,6 +144,8 @@ class Converted:
         ``int64`` buffers are ``int32`` unless JAX's x64 mode is on.
       aliases: every state-dict name -> the name its value is stored under
         (``{"lm_head.weight": "wte.weight", "wte.weight": "wte.weight", ...}``).
+      direct_refusals: call signature -> why :meth:`run_direct` exported that call
+        rather than trace it op by op (``"the random op aten.bernoulli.p"``).
     """
 
     def __init__(self, module: torch.nn.Module, *, train: bool = False):
