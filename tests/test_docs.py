@@ -84,6 +84,7 @@ def test_docstring_examples_run(module_name: str, tmp_path: pathlib.Path,
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     finder = doctest.DocTestFinder(exclude_empty=True)
     report: list[str] = []
+    lowerings = _lowerings()
     for test in finder.find(module, module_name, globs=globs):
         if test.examples:
             cstorch.reset()
@@ -92,6 +93,19 @@ def test_docstring_examples_run(module_name: str, tmp_path: pathlib.Path,
     result = runner.summarize(verbose=False)
     assert result.attempted > 0, f"{module_name} has '>>> ' but no example was found"
     assert result.failed == 0, "".join(report)
+    # An example's lowering replacing a built-in one would stay for every later test of
+    # the process, and call into the example's globals, which doctest clears.
+    replaced = [str(op) for op, entry in lowerings.items() if _lowerings()[op] is not entry]
+    assert not replaced, f"the examples of {module_name} replaced the lowerings of {replaced}"
+
+
+def _lowerings() -> dict:
+    """The bridge's registered lowerings by op, where torch is installed."""
+    try:
+        from torch_bridge.ops import _registry
+    except ImportError:
+        return {}
+    return dict(_registry._LOWERINGS)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

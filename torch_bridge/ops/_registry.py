@@ -7,10 +7,16 @@ returns what the op returns (a JAX array, or a tuple of them). Lowerings registe
 node), or None where the predicate says this call is not random.
 
 Example:
+  A lowering for an op of one's own library (``torch.library.custom_op``); one
+  registered for an ATen op replaces the built-in lowering for the whole process:
+
   >>> import torch, jax.numpy as jnp
   >>> from torch_bridge import lowering
-  >>> @lowering(torch.ops.aten.hardswish.default)
-  ... def hardswish(x):
+  >>> @torch.library.custom_op("mylib::hardswish", mutates_args=())
+  ... def hardswish(x: torch.Tensor) -> torch.Tensor:
+  ...     return x * (x + 3.0).clamp(0.0, 6.0) / 6.0
+  >>> @lowering(torch.ops.mylib.hardswish.default)
+  ... def hardswish_lowering(x):
   ...     return x * jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
 """
 
