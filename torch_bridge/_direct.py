@@ -13,8 +13,9 @@ the caller exports) wherever they could differ:
 
 - random ops (dropout, ``torch.rand``): the exported graph gives each its own split of
   the call's key, by its place in the graph;
-- the ops an export keeps whole (:data:`REFUSED_FUNCTIONS`: recurrent layers run as one
-  ``lax.scan``, attention lowered for the platform's fused kernel);
+- recurrent layers (:data:`REFUSED_FUNCTIONS`), which an export keeps whole to run as
+  one ``lax.scan``; attention, which an export keeps whole too, runs whole here as well,
+  through the same lowering (``_attention``);
 - custom ``autograd.Function``\\ s, gradient hooks (tensor and full module hooks) and
   calls ``forward`` makes for their effect (a metric update): the export leaves nodes
   for them that run where the graph runs;
@@ -61,7 +62,6 @@ REFUSED_FUNCTIONS = {
     torch.gru: "torch.gru (a recurrent layer)",
     torch.rnn_tanh: "torch.rnn_tanh (a recurrent layer)",
     torch.rnn_relu: "torch.rnn_relu (a recurrent layer)",
-    torch.nn.functional.scaled_dot_product_attention: "scaled_dot_product_attention",
     torch.Tensor.register_hook: "a gradient hook (Tensor.register_hook)",
     torch.Tensor.register_post_accumulate_grad_hook:
         "a gradient hook (Tensor.register_post_accumulate_grad_hook)",
@@ -114,7 +114,7 @@ def state_slots(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 class _Guard(TorchFunctionMode):
     """Refuses the torch functions of :data:`REFUSED_FUNCTIONS`, and any call made
-    under ``torch.autocast``."""
+    under ``torch.autocast``; runs attention whole (:func:`_attention`)."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
@@ -123,7 +123,45 @@ class _Guard(TorchFunctionMode):
             raise DirectRefused(refused)
         if _autocast():
             raise DirectRefused("torch.autocast")
+        if func is _SDPA:
+            return _attention(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_OP = torch.ops.aten.scaled_dot_product_attention.default
+
+
+def _attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: Any = None,
+               enable_gqa: bool = False) -> JaxTensor:
+    """``scaled_dot_product_attention`` as one op, through the lowering an exported
+    graph's kept-whole node runs (torch would otherwise decompose it before a JaxTensor
+    sees it): the same program, fused for the platform where it can be."""
+    if not all(isinstance(t, JaxTensor) for t in (query, key, value)):
+        raise DirectRefused("scaled_dot_product_attention on tensors made outside the trace")
+    if dropout_p > 0:
+        raise DirectRefused("the random op scaled_dot_product_attention (dropout_p > 0)")
+    if query.dtype != torch.float32:
+        raise DirectRefused(f"scaled_dot_product_attention on {query.dtype}")
+    mask = _values(attn_mask)
+    out = ops.lookup(_SDPA_OP).fn(None, query._jax, key._jax, value._jax, mask, dropout_p,
+                                  is_causal, scale=scale, enable_gqa=enable_gqa)
+    shape = (*query.shape[:-1], value.shape[-1])
+    if tuple(out.shape) != shape:
+        raise DirectRefused(f"scaled_dot_product_attention gave shape {tuple(out.shape)}")
+    result = JaxTensor(out.astype(jax_dtype(query.dtype)), query.dtype)
+    if not torch.is_grad_enabled():
+        result._value = jax.lax.stop_gradient(result._value)
+    return result
+
+
+def _values(x: Any) -> Any:
+    if isinstance(x, JaxTensor):
+        return x._jax
+    if isinstance(x, torch.Tensor):
+        return to_jax(x)
+    return x
 
 
 class _Ops(TorchDispatchMode):

@@ -115,6 +115,17 @@ class Attention(CausalLM):
         return self.head(h + self.proj(y.transpose(1, 2).reshape(b, t, -1))).mean(1)
 
 
+class AttentionDropout(CausalLM):
+    def forward(self, x):
+        b, t = x.shape
+        h = self.wte(x) + self.wpe[:t]
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
+                   for z in self.qkv(self.ln(h)).split(h.shape[-1], dim=-1))
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=0.1 if self.training else 0.0)
+        return self.head(h + self.proj(y.transpose(1, 2).reshape(b, t, -1))).mean(1)
+
+
 class Recurrent(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -161,11 +172,11 @@ def half_model():
     return Tabular().to(torch.bfloat16)
 
 
-DIRECT = {"tabular": Tabular, "causal_lm": CausalLM, "conv": Conv}
+DIRECT = {"tabular": Tabular, "causal_lm": CausalLM, "conv": Conv, "sdpa": Attention}
 REFUSED = {
     "dropout": (Dropout, "random op"),
     "stochastic_depth": (StochasticDepth, "random op"),
-    "sdpa": (Attention, "scaled_dot_product_attention"),
+    "sdpa_dropout": (AttentionDropout, "random op scaled_dot_product_attention"),
     "lstm": (Recurrent, "recurrent layer"),
     "custom_function": (CustomFunction, "custom autograd Function Halve"),
     "tensor_hook": (TensorHook, "gradient hook"),
