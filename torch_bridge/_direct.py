@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cerebrax._runtime import RUNTIME
 
 from . import _lazy_dynamo, ops
-from ._tensor import DirectRefused, JaxTensor, paused_recording
+from ._tensor import DirectRefused, JaxTensor, _to_jax, paused_recording
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
 
 __all__ = ["REFUSED_FUNCTIONS", "enabled", "run", "state_slots", "training_mode"]
@@ -144,7 +144,7 @@ def _attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
         raise DirectRefused("the random op scaled_dot_product_attention (dropout_p > 0)")
     if query.dtype != torch.float32:
         raise DirectRefused(f"scaled_dot_product_attention on {query.dtype}")
-    mask = _values(attn_mask)
+    mask = _to_jax(attn_mask)
     out = ops.lookup(_SDPA_OP).fn(None, query._jax, key._jax, value._jax, mask, dropout_p,
                                   is_causal, scale=scale, enable_gqa=enable_gqa)
     shape = (*query.shape[:-1], value.shape[-1])
@@ -154,14 +154,6 @@ def _attention(query: Any, key: Any, value: Any, attn_mask: Any = None,
     if not torch.is_grad_enabled():
         result._value = jax.lax.stop_gradient(result._value)
     return result
-
-
-def _values(x: Any) -> Any:
-    if isinstance(x, JaxTensor):
-        return x._jax
-    if isinstance(x, torch.Tensor):
-        return to_jax(x)
-    return x
 
 
 class _Ops(TorchDispatchMode):

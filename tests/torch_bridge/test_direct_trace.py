@@ -106,24 +106,22 @@ class StochasticDepth(Tabular):
 
 
 class Attention(CausalLM):
-    def forward(self, x):
-        b, t = x.shape
-        h = self.wte(x) + self.wpe[:t]
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
-                   for z in self.qkv(self.ln(h)).split(h.shape[-1], dim=-1))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.head(h + self.proj(y.transpose(1, 2).reshape(b, t, -1))).mean(1)
+    """CausalLM with scaled_dot_product_attention, dropping ``dropout`` in train mode."""
 
+    dropout = 0.0
 
-class AttentionDropout(CausalLM):
     def forward(self, x):
         b, t = x.shape
         h = self.wte(x) + self.wpe[:t]
         q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
                    for z in self.qkv(self.ln(h)).split(h.shape[-1], dim=-1))
         y = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=0.1 if self.training else 0.0)
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.head(h + self.proj(y.transpose(1, 2).reshape(b, t, -1))).mean(1)
+
+
+class AttentionDropout(Attention):
+    dropout = 0.1
 
 
 class Recurrent(torch.nn.Module):
