@@ -42,6 +42,12 @@ start from the same weights and run the same steps on the same four batches (the
 ``batch`` sequences), and in the float32 CPU run the rows at torch eager's batch must
 agree with it to 1e-5 relative (else exit status 1).
 
+``--cache-rows bf16`` (or ``float32``, or both) adds, at those precisions, the cerebrax row built twice more in fresh
+processes that share a new compile cache (``CEREBRAX_COMPILE_CACHE``; the main rows run
+without one where it is set to 0): "cerebrax, cache cold" fills it and "cerebrax, cache
+warm" is what a rerun of an unchanged script gets. Their "first step" is what they are for
+(their one timed step is no throughput figure).
+
 ``--batch auto`` (the default) tries decreasing powers of two from ``--max-batch`` per
 row on GPU until one fits (torch OOM or XLA RESOURCE_EXHAUSTED); on CPU it is the tiny
 batch. Without a GPU the default is ``--tiny`` (2 layers, d_model 64, vocab 512, seq 32,
@@ -73,7 +79,9 @@ import pathlib
 import platform
 import re
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -97,6 +105,7 @@ from results import write_section
 import cerebrax as cstorch
 
 SYSTEMS = ("torch eager", "torch.compile", "jax.jit + optax", "cerebrax")
+CACHE_ROWS = ("cerebrax, cache cold", "cerebrax, cache warm")
 PRECISIONS = ("float32", "bf16")
 ADAMW = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 LOSS_RTOL = 1e-5
@@ -422,6 +431,33 @@ def measure(run: Run, system: str, precision: str, batch: int | None,
     return row
 
 
+def cache_rows(precision: str, batch: int, size: Size) -> list[Row]:
+    """The cerebrax row twice more, each in a fresh process, over one new compile cache:
+    the first fills it, the second starts from it (see the module docs)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="cerebrax_cache_") as cache:
+        for name in CACHE_ROWS:
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                command = [sys.executable, __file__, "--full" if size.seq > 32 else "--tiny",
+                           "--skip", ",".join(s for s in SYSTEMS if s != "cerebrax"),
+                           "--precisions", precision, "--batch", str(batch), "--steps", "1",
+                           "--out", out.name]
+                env = {**os.environ, "CEREBRAX_COMPILE_CACHE": cache}
+                proc = subprocess.run(command, env=env, capture_output=True, text=True,
+                                      check=False)
+                if proc.returncode != 0:
+                    lines = (proc.stderr or proc.stdout).strip().splitlines()
+                    rows.append(Row(name, precision,
+                                    skipped=f"exit {proc.returncode}: "
+                                            f"{lines[-1][:150] if lines else ''}"))
+                    continue
+                found = [r for r in json.loads(pathlib.Path(out.name).read_text())["rows"]
+                         if r["system"] == "cerebrax"]
+                rows.append(dataclasses.replace(Row(**found[0]), system=name,
+                                                note="one timed step"))
+    return rows
+
+
 # ---- the device, MFU and the report ---------------------------------------------------
 
 def device_name(run: Run) -> str:
@@ -537,6 +573,11 @@ def main() -> int:
     parser.add_argument("--max-batch", type=int, default=64, help="where auto starts")
     parser.add_argument("--steps", type=int, help="timed steps per row")
     parser.add_argument("--skip", default="", help="comma-separated systems to skip")
+    parser.add_argument("--precisions", default="bf16,float32",
+                        help="comma-separated: bf16, float32")
+    parser.add_argument("--cache-rows", default="",
+                        help="precisions at which to add cerebrax's first step with a cold "
+                             "and a warm compile cache")
     parser.add_argument("--peak-tflops", type=float, help="peak for MFU, every row")
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--results", action="store_true",
@@ -545,6 +586,11 @@ def main() -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - set(SYSTEMS):
         parser.error(f"--skip takes {', '.join(SYSTEMS)}; got {sorted(skip - set(SYSTEMS))}")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions or set(precisions) - set(PRECISIONS):
+        parser.error(f"--precisions takes {', '.join(PRECISIONS)}; got {args.precisions!r}")
+    if set(filter(None, args.cache_rows.split(","))) - set(PRECISIONS):
+        parser.error(f"--cache-rows takes {', '.join(PRECISIONS)}; got {args.cache_rows!r}")
 
     gpu = torch.cuda.is_available() or jax.default_backend() == "gpu"
     size = FULL if args.full or (gpu and not args.tiny) else TINY
@@ -564,7 +610,7 @@ def main() -> int:
     # torch rows first (their memory is returned between rows), then JAX's, bf16 before
     # float32 so that the larger peak comes later (JAX's peak only grows).
     for system in SYSTEMS:
-        for precision in ("bf16", "float32"):
+        for precision in [p for p in PRECISIONS[::-1] if p in precisions]:
             if system in skip:
                 rows.append(Row(system, precision, skipped="--skip"))
                 continue
@@ -576,7 +622,15 @@ def main() -> int:
                   + (f"skipped: {row.skipped}" if row.skipped else
                      f"{row.steps_per_s:.3g} steps/s, loss[0] {row.loss0:.6f}"), flush=True)
             rows.append(row)
-    rows.sort(key=lambda r: (PRECISIONS.index(r.precision), SYSTEMS.index(r.system)))
+            if (system == "cerebrax" and row.batch is not None
+                    and precision in args.cache_rows.split(",")):
+                for extra in cache_rows(precision, row.batch, size):
+                    print(f"{extra.system}, {precision}: first step "
+                          f"{_fmt(extra.first_step_s, '.3g')} s {extra.skipped or ''}",
+                          flush=True)
+                    rows.append(extra)
+    order = SYSTEMS + CACHE_ROWS
+    rows.sort(key=lambda r: (PRECISIONS.index(r.precision), order.index(r.system)))
     check = loss_check(rows, run)
     text = report(run, rows, check)
     print("\n" + text)

@@ -6,16 +6,21 @@
 #      the machine lacks come as wheels from .whl/, where one ran
 #      `pip download --python-version 3.12 ... -d .whl`);
 #   2. benchmarks/bench_gpu.py at GPT-2 124M, seq 1024, on the GPU (cores 0-7);
-#   3. meanwhile, the test suite on the CPU with those versions (cores 8-15, JAX and
+#   3. benchmarks/profile_gpu.py: the bf16 steps of the hand-written JAX GPT-2 and of
+#      cerebrax, kernel by kernel, and the programs XLA made of them (extra.tgz);
+#   4. meanwhile, the test suite on the CPU with those versions (cores 8-15, JAX and
 #      torch on the CPU), then the multi-device tests.
 # Usage: OUT=/some/folder bash benchmarks/gpu_session.sh [bench_gpu.py options]
+# It leaves eight files in OUT, the most a lent machine gives back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-BENCH_S=${BENCH_S:-450}
-TESTS_S=${TESTS_S:-430}
+BENCH_S=${BENCH_S:-330}
+PROFILE_S=${PROFILE_S:-150}
+PROFILE_BATCH=${PROFILE_BATCH:-32}
+TESTS_S=${TESTS_S:-$((BENCH_S + PROFILE_S))}
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 16 ]; then
     pin_bench="taskset -c 0-7" pin_tests="taskset -c 8-15"
 else
@@ -43,7 +48,7 @@ fi
 } > "$OUT/setup.log" 2>&1
 cat "$OUT/setup.log"
 
-# 3. the suite on cores 8-15, in the background
+# 4. the suite on cores 8-15, in the background
 (
     export CUDA_VISIBLE_DEVICES= JAX_PLATFORMS=cpu
     start=$SECONDS
@@ -66,6 +71,15 @@ CEREBRAX_COMPILE_CACHE=0 PYTHONUNBUFFERED=1 $pin_bench timeout "$BENCH_S" \
     $PY benchmarks/bench_gpu.py --out "$OUT/gpu.json" --results "$@" 2>&1 | tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"
 cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
+
+# 3. the profile, with XLA's optimized programs dumped
+extra=$(mktemp -d)
+CEREBRAX_COMPILE_CACHE=0 PYTHONUNBUFFERED=1 XLA_FLAGS="--xla_dump_to=$extra/dump" \
+    $pin_bench timeout "$PROFILE_S" $PY benchmarks/profile_gpu.py --batch "$PROFILE_BATCH" \
+    --out "$OUT/profile.json" 2>&1 | tee "$extra/profile.log"
+$PY benchmarks/profile_gpu.py --programs "$extra/dump" --out "$extra/programs.json" >/dev/null
+(cd "$extra" && tar czf "$OUT/extra.tgz" profile.log programs.json \
+    $(cd dump && ls -S | grep -m 6 after_optimizations.txt | sed 's|^|dump/|'))
 
 wait "$tests"
 tail -3 "$OUT/tests.log"
