@@ -24,6 +24,7 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 
 import jax
 
@@ -127,7 +128,13 @@ def main() -> int:
     rows = []
     for precision in args.precisions.split(","):
         for system in args.systems.split(","):
-            rows.append(profile(run, system, precision, args.batch, args.steps, trace_root))
+            try:
+                rows.append(profile(run, system, precision, args.batch, args.steps,
+                                    trace_root))
+            except Exception as e:  # noqa: BLE001 - the other systems still run
+                traceback.print_exc()
+                rows.append({"system": system, "precision": precision,
+                             "skipped": bench_gpu._first_line(e)})
             bench_gpu._free(run)
     pathlib.Path(args.out).write_text(json.dumps(
         {"device": bench_gpu.device_name(run), "rows": rows}, indent=1))

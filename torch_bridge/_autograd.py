@@ -179,8 +179,9 @@ def _route(cls: type, args: tuple, kwargs: dict) -> Any:
 
 # torch 2.14's C++ apply reads ``boxed_grads_call`` from the Function's class just before
 # it calls ``forward`` (with the ctx it made, or without one where the class has a
-# ``setup_context``); reading it marks that call for the patched forwards.
-_BOXED_GRADS_CALL = _LEVEL.__dict__["boxed_grads_call"]
+# ``setup_context``); reading it marks that call for the patched forwards. (torch 2.11
+# and 2.12 have no such attribute, and need no mark: their ``apply`` is Python's.)
+_BOXED_GRADS_CALL = _LEVEL.__dict__.get("boxed_grads_call", False)
 _BACKWARD_CTX = torch.autograd.function.BackwardCFunction  # the ctx torch's apply makes
 
 

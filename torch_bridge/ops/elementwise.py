@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -352,10 +353,78 @@ def threshold(x, threshold, value):
     return jnp.where(x > threshold, x, value)
 
 
+# ---- softmax and log-softmax -----------------------------------------------------------
+# torch computes a half-precision (float16, bfloat16) softmax in float32 and rounds the
+# result once (over another than the last dimension, its CPU kernel rounds each
+# exponential to the half dtype before dividing by their float32 sum); over the last
+# dimension its CPU log-softmax rounds the sum of exponentials and its log to the half
+# dtype before subtracting. Each backward computes in float32 from the rounded output.
+# Computed in the half dtype itself, as jax.nn does, outputs were up to 2 units in the
+# last place off torch's, gradients 12. (In a bf16 GPT step this also puts the
+# exponentials over the vocabulary in float32, where torch autocast has them.)
+_HALF = (jnp.float16, jnp.bfloat16)
+
+
+def _is_half(x) -> bool:
+    return jnp.result_type(x) in _HALF
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _half_softmax(x, dim: int):
+    x32 = x.astype(jnp.float32)
+    e = jnp.exp(x32 - lax.stop_gradient(jnp.max(x32, axis=dim, keepdims=True)))
+    total = jnp.sum(e, axis=dim, keepdims=True)
+    if dim != x.ndim - 1:
+        e = e.astype(x.dtype).astype(jnp.float32)
+    return (e / total).astype(x.dtype)
+
+
+def _half_softmax_fwd(x, dim):
+    y = _half_softmax(x, dim)
+    return y, y
+
+
+def _half_softmax_bwd(dim, y, g):
+    y32, g32 = y.astype(jnp.float32), g.astype(jnp.float32)
+    return ((y32 * (g32 - jnp.sum(g32 * y32, axis=dim, keepdims=True))).astype(y.dtype),)
+
+
+_half_softmax.defvjp(_half_softmax_fwd, _half_softmax_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _half_log_softmax(x, dim: int):
+    x32 = x.astype(jnp.float32)
+    if dim != x.ndim - 1:
+        return jax.nn.log_softmax(x32, axis=dim).astype(x.dtype)
+    shifted = x32 - lax.stop_gradient(jnp.max(x32, axis=dim, keepdims=True))
+    total = jnp.sum(jnp.exp(shifted), axis=dim, keepdims=True).astype(x.dtype)
+    log_total = jnp.log(total.astype(jnp.float32)).astype(x.dtype)
+    return (shifted - log_total.astype(jnp.float32)).astype(x.dtype)
+
+
+def _half_log_softmax_fwd(x, dim):
+    y = _half_log_softmax(x, dim)
+    return y, y
+
+
+def _half_log_softmax_bwd(dim, y, g):
+    g32 = g.astype(jnp.float32)
+    total = jnp.sum(g32, axis=dim, keepdims=True)
+    return ((g32 - jnp.exp(y.astype(jnp.float32)) * total).astype(y.dtype),)
+
+
+_half_log_softmax.defvjp(_half_log_softmax_fwd, _half_log_softmax_bwd)
+
+
 @lowering(aten._softmax.default)
 def softmax(x, dim, half_to_float=False):
     x = maybe_cast(x, torch.float32) if half_to_float else x
-    return jax.nn.softmax(x[None], axis=0)[0] if x.ndim == 0 else jax.nn.softmax(x, axis=dim)
+    if x.ndim == 0:
+        return jax.nn.softmax(x[None], axis=0)[0]
+    if _is_half(x):
+        return _half_softmax(x, dim % x.ndim)
+    return jax.nn.softmax(x, axis=dim)
 
 
 @lowering(aten._log_softmax.default)
@@ -364,4 +433,6 @@ def log_softmax(x, dim, half_to_float=False):
     x = maybe_cast(x, torch.float32) if half_to_float else x
     if x.ndim == 0:
         return jax.nn.log_softmax(x[None], axis=0)[0]
+    if _is_half(x):
+        return _half_log_softmax(x, dim % x.ndim)
     return jax.nn.log_softmax(x, axis=dim)
