@@ -42,10 +42,11 @@ start from the same weights and run the same steps on the same four batches (the
 ``batch`` sequences), and in the float32 CPU run the rows at torch eager's batch must
 agree with it to 1e-5 relative (else exit status 1).
 
-``--cache-rows bf16`` (or ``float32``, or both) adds, at those precisions, the cerebrax row built twice more in fresh
-processes that share a new compile cache (``CEREBRAX_COMPILE_CACHE``; the main rows run
-without one where it is set to 0): "cerebrax, cache cold" fills it and "cerebrax, cache
-warm" is what a rerun of an unchanged script gets. Their "first step" is what they are for
+``--cache-rows bf16`` (or ``float32``, or both) adds, at those precisions, the cerebrax
+row built twice more, before every other row, each in a fresh process; the two share a
+new compile cache (``CEREBRAX_COMPILE_CACHE``; the main rows run without one where it
+is set to 0): "cerebrax, cache cold" fills it and "cerebrax, cache warm" is what a rerun
+of an unchanged script gets. Their "first step" is what they are for
 (their one timed step is no throughput figure).
 
 ``--batch auto`` (the default) tries decreasing powers of two from ``--max-batch`` per
@@ -431,17 +432,18 @@ def measure(run: Run, system: str, precision: str, batch: int | None,
     return row
 
 
-def cache_rows(precision: str, batch: int, size: Size) -> list[Row]:
+def cache_rows(precision: str, batch: int | None, max_batch: int, size: Size) -> list[Row]:
     """The cerebrax row twice more, each in a fresh process, over one new compile cache:
-    the first fills it, the second starts from it (see the module docs)."""
+    the first fills it, the second starts from it (see the module docs). They run
+    before this process holds any device memory: JAX keeps what a row allocated."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="cerebrax_cache_") as cache:
         for name in CACHE_ROWS:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
                 command = [sys.executable, __file__, "--full" if size.seq > 32 else "--tiny",
                            "--skip", ",".join(s for s in SYSTEMS if s != "cerebrax"),
-                           "--precisions", precision, "--batch", str(batch), "--steps", "1",
-                           "--out", out.name]
+                           "--precisions", precision, "--batch", str(batch or "auto"),
+                           "--max-batch", str(max_batch), "--steps", "1", "--out", out.name]
                 env = {**os.environ, "CEREBRAX_COMPILE_CACHE": cache}
                 proc = subprocess.run(command, env=env, capture_output=True, text=True,
                                       check=False)
@@ -607,6 +609,11 @@ def main() -> int:
     print(f"device: {device_name(run)}; {size}")
 
     rows = []
+    for precision in filter(None, args.cache_rows.split(",")):
+        for extra in cache_rows(precision, batch, args.max_batch, size):
+            print(f"{extra.system}, {precision}: first step "
+                  f"{_fmt(extra.first_step_s, '.3g')} s {extra.skipped or ''}", flush=True)
+            rows.append(extra)
     # torch rows first (their memory is returned between rows), then JAX's, bf16 before
     # float32 so that the larger peak comes later (JAX's peak only grows).
     for system in SYSTEMS:
@@ -622,13 +629,6 @@ def main() -> int:
                   + (f"skipped: {row.skipped}" if row.skipped else
                      f"{row.steps_per_s:.3g} steps/s, loss[0] {row.loss0:.6f}"), flush=True)
             rows.append(row)
-            if (system == "cerebrax" and row.batch is not None
-                    and precision in args.cache_rows.split(",")):
-                for extra in cache_rows(precision, row.batch, size):
-                    print(f"{extra.system}, {precision}: first step "
-                          f"{_fmt(extra.first_step_s, '.3g')} s {extra.skipped or ''}",
-                          flush=True)
-                    rows.append(extra)
     order = SYSTEMS + CACHE_ROWS
     rows.sort(key=lambda r: (PRECISIONS.index(r.precision), order.index(r.system)))
     check = loss_check(rows, run)

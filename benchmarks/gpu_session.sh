@@ -6,8 +6,9 @@
 #      the machine lacks come as wheels from .whl/, where one ran
 #      `pip download --python-version 3.12 ... -d .whl`);
 #   2. benchmarks/bench_gpu.py at GPT-2 124M, seq 1024, on the GPU (cores 0-7);
-#   3. benchmarks/profile_gpu.py: the bf16 steps of the hand-written JAX GPT-2 and of
-#      cerebrax, kernel by kernel, and the programs XLA made of them (extra.tgz);
+#   3. with PROFILE_S set (110 s is enough), benchmarks/profile_gpu.py: the bf16 steps of
+#      the hand-written JAX GPT-2 and of cerebrax, kernel by kernel, and the programs XLA
+#      made of them (extra.tgz);
 #   4. meanwhile, the test suite on the CPU with those versions (cores 8-15, JAX and
 #      torch on the CPU), then the multi-device tests.
 # Usage: OUT=/some/folder bash benchmarks/gpu_session.sh [bench_gpu.py options]
@@ -17,8 +18,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-BENCH_S=${BENCH_S:-330}
-PROFILE_S=${PROFILE_S:-150}
+BENCH_S=${BENCH_S:-420}
+PROFILE_S=${PROFILE_S:-0}
 PROFILE_BATCH=${PROFILE_BATCH:-32}
 TESTS_S=${TESTS_S:-$((BENCH_S + PROFILE_S))}
 if command -v taskset >/dev/null && [ "$(nproc)" -ge 16 ]; then
@@ -74,12 +75,14 @@ cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
 
 # 3. the profile, with XLA's optimized programs dumped
 extra=$(mktemp -d)
-CEREBRAX_COMPILE_CACHE=0 PYTHONUNBUFFERED=1 XLA_FLAGS="--xla_dump_to=$extra/dump" \
-    $pin_bench timeout "$PROFILE_S" $PY benchmarks/profile_gpu.py --batch "$PROFILE_BATCH" \
-    --out "$OUT/profile.json" 2>&1 | tee "$extra/profile.log"
-$PY benchmarks/profile_gpu.py --programs "$extra/dump" --out "$extra/programs.json" >/dev/null
-(cd "$extra" && tar czf "$OUT/extra.tgz" profile.log programs.json \
-    $(cd dump && ls -S | grep -m 6 after_optimizations.txt | sed 's|^|dump/|'))
+if [ "$PROFILE_S" -gt 0 ]; then
+    CEREBRAX_COMPILE_CACHE=0 PYTHONUNBUFFERED=1 XLA_FLAGS="--xla_dump_to=$extra/dump" \
+        $pin_bench timeout "$PROFILE_S" $PY benchmarks/profile_gpu.py --batch "$PROFILE_BATCH" \
+        --out "$OUT/profile.json" 2>&1 | tee "$extra/profile.log"
+    $PY benchmarks/profile_gpu.py --programs "$extra/dump" --out "$extra/programs.json" >/dev/null
+    (cd "$extra" && tar czf "$OUT/extra.tgz" profile.log programs.json \
+        $(cd dump && ls -S | grep -m 6 after_optimizations.txt | sed 's|^|dump/|'))
+fi
 
 wait "$tests"
 tail -3 "$OUT/tests.log"

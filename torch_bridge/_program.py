@@ -126,6 +126,7 @@ class Program:
             and ops.is_random(e, n.args, n.kwargs)
         ]
         self._random_index = {n: i for i, n in enumerate(self.random_nodes)}
+        self._causal: dict[torch.fx.Node, bool] = {}  # see _causal_mask
         # Pointwise ops on floating values: their output shapes (see _broadcast_half).
         self._pointwise = {
             n: tuple(n.meta["val"].shape) for n in self.nodes
@@ -181,6 +182,8 @@ class Program:
             if entry is None:  # a Python function (shape arithmetic, getitem)
                 env[node] = node.target(*args, **kwargs)
                 continue
+            if node.target in _ATTENTION and self._causal_mask(node):
+                args, kwargs = _as_causal(node.target, args, kwargs)
             if node in self._pointwise:  # torch's backward sums a broadcast operand in fp32
                 shape = self._pointwise[node]
                 args = tuple(_broadcast_half(a, shape) for a in args)
@@ -194,6 +197,49 @@ class Program:
                            f"{module_path(node)})")
                 raise
             env[node] = _conform(out, node.meta.get("val"), node)
+
+    def _causal_mask(self, node: torch.fx.Node) -> bool:
+        """Whether ``node``, an attention, has a boolean mask that depends on no input,
+        parameter, buffer or random draw and is the causal one: then it is the causal flag
+        (the same bits on a CPU; cuDNN's fused kernel on a GPU). Hugging Face's models
+        build that mask from positions alone when exported. Evaluated once per node."""
+        if node in self._causal:
+            return self._causal[node]
+        self._causal[node] = False
+        mask = _attention_mask(node)
+        value = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
+        query, key = (node.args[i].meta.get("val") for i in (0, 1))
+        if (not isinstance(value, torch.Tensor) or value.dtype != torch.bool
+                or value.ndim < 2 or not isinstance(query, torch.Tensor)
+                or not isinstance(key, torch.Tensor)
+                or tuple(value.shape[-2:]) != (query.shape[-2], key.shape[-2])
+                or query.shape[-2] != key.shape[-2]):
+            return False
+        ancestors = self._constant_ancestors(mask)
+        if ancestors is None:
+            return False
+        env: dict[torch.fx.Node, Any] = {}
+        with jax.ensure_compile_time_eval():
+            self._execute(ancestors, env, None)
+        found = np.asarray(env[mask])
+        causal = np.tril(np.ones(found.shape[-2:], bool))
+        self._causal[node] = bool(np.array_equal(found, np.broadcast_to(causal, found.shape)))
+        return self._causal[node]
+
+    def _constant_ancestors(self, node: torch.fx.Node) -> list[torch.fx.Node] | None:
+        """``node`` and the nodes it is computed from, in graph order, where none of them
+        is a placeholder (an input, parameter or buffer) or draws random numbers."""
+        order = {n: i for i, n in enumerate(self.nodes)}
+        found, stack = set(), [node]
+        while stack:
+            n = stack.pop()
+            if n in found:
+                continue
+            if n not in order or n in self._random_index:
+                return None
+            found.add(n)
+            stack.extend(n.all_input_nodes)
+        return sorted(found, key=order.__getitem__)
 
     # ---- pipeline stages --------------------------------------------------------------
     def layers(self) -> list[tuple[str, list[torch.fx.Node]]]:
@@ -344,6 +390,33 @@ class ProgramStage:
         # where the stage's outputs have been gathered.
         return [v for (kind, _), v in zip(self.program._outputs, outputs)
                 if kind == OutputKind.USER_OUTPUT], mutated
+
+
+_ATTENTION = (torch.ops.aten.scaled_dot_product_attention.default,
+              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
+def _attention_mask(node: torch.fx.Node) -> Any:
+    if "attn_mask" in node.kwargs:
+        return node.kwargs["attn_mask"]
+    if node.target == _ATTENTION[0] and len(node.args) > 3:
+        return node.args[3]
+    return None
+
+
+def _as_causal(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An attention's arguments with its mask dropped and the causal flag set."""
+    kwargs = dict(kwargs)
+    if "attn_mask" in kwargs:
+        kwargs["attn_mask"] = None
+    else:
+        args = args[:3] + (None,) + args[4:]
+    flag = 5 if target == _ATTENTION[0] else 4  # is_causal's position
+    if len(args) > flag:
+        args = args[:flag] + (True,) + args[flag + 1:]
+    else:
+        kwargs["is_causal"] = True
+    return args, kwargs
 
 
 def _broadcast_half(value: Any, shape: tuple[int, ...]) -> Any:

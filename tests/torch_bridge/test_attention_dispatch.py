@@ -140,3 +140,68 @@ def test_on_a_gpu_the_fused_kernel_replaces_the_lowering(monkeypatch):
     with torch_bridge.lowering_platform("cpu"):
         attention.scaled_dot_product_attention(None, q, q, q, is_causal=True)
     assert len(calls) == 1  # the CPU keeps cerebrax's lowering
+
+
+class MaskedAttention(torch.nn.Module):
+    """Attention with a boolean mask built in ``forward`` from positions alone, as Hugging
+    Face's models build their causal mask while exported (``offset`` 0: causal)."""
+
+    def __init__(self, offset: int = 0):
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, q, k, v):
+        t = q.shape[-2]
+        rows = torch.arange(t, device=q.device)
+        mask = (rows[None, :] <= rows[:, None] + self.offset)[None, None]
+        mask = mask.expand(q.shape[0], 1, t, t)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("offset, causal", [(0, True), (1, False), (3, False)])
+def test_a_constant_causal_mask_takes_the_fused_kernel(monkeypatch, offset, causal):
+    """A mask that depends on no input and is the causal one is the causal flag: the
+    GPU then takes cuDNN's kernel (a GPT-2 step in bf16 ran at 0.65x hand-written JAX
+    with the mask). Any other mask is kept."""
+    calls = []
+
+    def fused(q, k, v, is_causal, scale, implementation="cudnn"):
+        calls.append(is_causal)
+        return attention.jax.nn.dot_product_attention(
+            jnp.swapaxes(q, -3, -2), jnp.swapaxes(k, -3, -2), jnp.swapaxes(v, -3, -2),
+            scale=scale, is_causal=is_causal).swapaxes(-3, -2)
+
+    monkeypatch.setattr(attention, "fused_attention", fused)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).to(torch.bfloat16) for _ in range(3))
+    module = MaskedAttention(offset)
+    converted = torch_bridge.convert(module, (q, k, v))
+    with torch_bridge.lowering_platform("cuda"):
+        out = jax.jit(lambda *a: converted.apply({}, {}, *a)[0])(
+            *map(torch_bridge.to_jax, (q, k, v)))
+    assert calls == ([True] if causal else [])
+    want = module(q, k, v).float().numpy()
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_the_cpu_a_constant_causal_mask_changes_no_bit(dtype):
+    """The causal flag and the causal mask give the same bits on the CPU, forward and
+    backward: the substitution changes nothing there."""
+    class Flagged(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).to(dtype) for _ in range(3))
+    args = tuple(map(torch_bridge.to_jax, (q, k, v)))
+    results = []
+    for module in (MaskedAttention(), Flagged()):
+        converted = torch_bridge.convert(module, (q, k, v))
+
+        def loss(*a, converted=converted):
+            return jnp.sum(converted.apply({}, {}, *a)[0].astype(jnp.float32) ** 2)
+
+        results.append(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(*args))
+    for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
