@@ -2,7 +2,9 @@
 
 Where the graph is lowered for an NVIDIA GPU (:func:`lowering_platform`), attention that
 cuDNN's fused kernel computes (half precision, no dropout, no mask but a causal one, a
-head size it takes) is ``jax.nn.dot_product_attention(..., implementation="cudnn")``: the
+head size it takes; an exported graph's boolean mask that depends on no input and is the
+causal one counts as the causal flag, ``torch_bridge._program``) is
+``jax.nn.dot_product_attention(..., implementation="cudnn")``: the
 kernel that hand-written JAX uses there, with the T x T scores never in memory. Everything else,
 and every graph lowered for a CPU, keeps cerebrax's own lowering, whose float32 scores
 and softmax follow torch's CPU kernels.
