@@ -48,6 +48,25 @@ def _masked_scores(q, k, scale, mask, is_causal):
     return scores
 
 
+def _softmax(scores, empty):
+    """The softmax of each row of scores; rows in ``empty`` (a mask left them no key) are
+    zeros, as torch computes them, with zero gradients (None: no row is). The NaN of a
+    row of -inf scores is kept out of the softmax itself: its backward would carry it."""
+    if empty is None:
+        return jax.nn.softmax(scores, axis=-1)
+    weights = jax.nn.softmax(jnp.where(empty, jnp.zeros((), scores.dtype), scores), axis=-1)
+    return jnp.where(empty, jnp.zeros((), weights.dtype), weights)
+
+
+def _empty_rows(mask, scores):
+    """Where a boolean ``mask`` leaves a row of ``scores`` no key (keepdims), or None where
+    there is no mask (the causal flag alone leaves every row its first key)."""
+    if mask is None:
+        return None
+    return ~jnp.any(jnp.broadcast_to(mask, scores.shape[:-2] + mask.shape[-2:]), axis=-1,
+                    keepdims=True)
+
+
 def _matmul(a, b, dtype):
     """``a @ b`` accumulated in float32, returned in ``dtype``; a float32 operand stays
     float32 (torch multiplies the float32 attention weights with the upcast values)."""
@@ -67,7 +86,10 @@ def _attention_core(q, k, v, mask, scale: float, is_causal: bool):
 
 
 def _attention_core_fwd(q, k, v, mask, scale, is_causal):
-    weights = jax.nn.softmax(_masked_scores(q, k, scale, mask, is_causal), axis=-1)
+    scores = _masked_scores(q, k, scale, mask, is_causal)
+    if mask is not None and is_causal:
+        mask = mask & jnp.tril(jnp.ones(scores.shape[-2:], jnp.bool_))
+    weights = _softmax(scores, _empty_rows(mask, scores))
     out = _matmul(weights, v, v.dtype)
     # The backward keeps the weights at the values' precision (half the residual memory
     # of float32 ones in half-precision training).
@@ -176,7 +198,10 @@ def _attention(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             scores = jnp.where(attn_mask, scores, -jnp.inf)
         else:
             scores = scores + attn_mask.astype(scores.dtype)
-    weights = jax.nn.softmax(scores, axis=-1)
+    empty = None
+    if attn_mask is not None:  # a float mask's -inf too can empty a row
+        empty = jnp.all(scores == -jnp.inf, axis=-1, keepdims=True)
+    weights = _softmax(scores, empty)
     if dropout_p > 0:
         keep = jax.random.bernoulli(key, 1.0 - dropout_p, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_p), jnp.zeros((), weights.dtype))
