@@ -84,3 +84,30 @@ def test_the_bf16_cast_audit_reads_both_programs():
     jax_exps, cerebrax_exps = rows["exponentials over the vocabulary, by element type"]
     assert jax_exps == "f32: 1", jax_exps
     assert cerebrax_exps.startswith("f32: ") and "bf16" not in cerebrax_exps, cerebrax_exps
+
+
+def test_the_profile_runs_both_steps_and_counts_the_programs(tmp_path):
+    # benchmarks/profile_gpu.py on the tiny model (CPU: no device kernels to sum, so the
+    # kernel table is empty): both bf16 steps build and run, and the optimized programs
+    # XLA dumps are read back (the CPU's matmuls are custom fusions, not custom calls).
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
+           "XLA_FLAGS": f"--xla_dump_to={tmp_path / 'dump'}"}
+    script = str(ROOT / "benchmarks" / "profile_gpu.py")
+    out = tmp_path / "profile.json"
+    result = subprocess.run([sys.executable, script, "--tiny", "--batch", "2", "--steps", "2",
+                             "--out", str(out)], env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["system"], r["precision"]) for r in rows] == [("jax", "bf16"),
+                                                            ("cerebrax", "bf16")]
+    assert all(r["steps_per_s"] > 0 and r["first_step_s"] > 0 for r in rows), rows
+    counted = tmp_path / "programs.json"
+    result = subprocess.run([sys.executable, script, "--programs", str(tmp_path / "dump"),
+                             "--out", str(counted)], env=env, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    programs = json.loads(counted.read_text())
+    steps = [name for name in programs if "train_step" in name or "program" in name]
+    assert len(steps) >= 2, list(programs)  # the JAX step and cerebrax's
+    assert all(sum(programs[name]["fusions"].values()) > 0 for name in steps), programs
