@@ -585,14 +585,17 @@ def main() -> int:
     parser.add_argument("--results", action="store_true",
                         help="write the table into benchmarks/RESULTS.md (section gpu)")
     args = parser.parse_args()
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    if skip - set(SYSTEMS):
-        parser.error(f"--skip takes {', '.join(SYSTEMS)}; got {sorted(skip - set(SYSTEMS))}")
-    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    if not precisions or set(precisions) - set(PRECISIONS):
-        parser.error(f"--precisions takes {', '.join(PRECISIONS)}; got {args.precisions!r}")
-    if set(filter(None, args.cache_rows.split(","))) - set(PRECISIONS):
-        parser.error(f"--cache-rows takes {', '.join(PRECISIONS)}; got {args.cache_rows!r}")
+    def listed(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        if set(names) - set(allowed):
+            parser.error(f"{flag} takes {', '.join(allowed)}; got {text!r}")
+        return names
+
+    skip = set(listed("--skip", args.skip, SYSTEMS))
+    precisions = listed("--precisions", args.precisions, PRECISIONS)
+    if not precisions:
+        parser.error("--precisions takes at least one of " + ", ".join(PRECISIONS))
+    cache_precisions = listed("--cache-rows", args.cache_rows, PRECISIONS)
 
     gpu = torch.cuda.is_available() or jax.default_backend() == "gpu"
     size = FULL if args.full or (gpu and not args.tiny) else TINY
@@ -609,7 +612,7 @@ def main() -> int:
     print(f"device: {device_name(run)}; {size}")
 
     rows = []
-    for precision in filter(None, args.cache_rows.split(",")):
+    for precision in cache_precisions:
         for extra in cache_rows(precision, batch, args.max_batch, size):
             print(f"{extra.system}, {precision}: first step "
                   f"{_fmt(extra.first_step_s, '.3g')} s {extra.skipped or ''}", flush=True)

@@ -11,10 +11,15 @@ import jax.numpy as jnp
 
 from ._dtypes import jax_dtype
 
-__all__ = ["axes", "axis", "broadcast_accumulating", "maybe_cast", "safe_sqrt", "shape_of",
-           "torch_release"]
+__all__ = ["axes", "axis", "broadcast_accumulating", "is_half", "maybe_cast", "safe_sqrt",
+           "shape_of", "torch_release"]
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def is_half(x: Any) -> bool:
+    """Whether ``x`` is an array of float16 or bfloat16."""
+    return hasattr(x, "dtype") and jnp.dtype(x.dtype) in _HALF
 
 
 def torch_release(version: str) -> tuple[int, int]:
@@ -32,8 +37,7 @@ def broadcast_accumulating(x: Any, shape: Sequence[int]) -> Any:
     Other dtypes, and an ``x`` of ``shape`` already, are returned unchanged.
     """
     shape = tuple(int(d) for d in shape)
-    if (not hasattr(x, "dtype") or jnp.dtype(x.dtype) not in _HALF
-            or tuple(x.shape) == shape):
+    if not is_half(x) or tuple(x.shape) == shape:
         return x
     return _broadcast(x, shape, tuple(x.shape))
 

@@ -11,7 +11,7 @@ import torch
 from jax import lax
 
 from ._registry import lowering
-from ._util import maybe_cast
+from ._util import is_half, maybe_cast
 
 aten = torch.ops.aten
 
@@ -362,11 +362,13 @@ def threshold(x, threshold, value):
 # Computed in the half dtype itself, as jax.nn does, outputs were up to 2 units in the
 # last place off torch's, gradients 12. (In a bf16 GPT step this also puts the
 # exponentials over the vocabulary in float32, where torch autocast has them.)
-_HALF = (jnp.float16, jnp.bfloat16)
+def _saving_output(fn):
+    """A custom VJP's forward that keeps ``fn``'s rounded output for the backward."""
+    def forward(x, dim):
+        y = fn(x, dim)
+        return y, y
 
-
-def _is_half(x) -> bool:
-    return jnp.result_type(x) in _HALF
+    return forward
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -379,17 +381,12 @@ def _half_softmax(x, dim: int):
     return (e / total).astype(x.dtype)
 
 
-def _half_softmax_fwd(x, dim):
-    y = _half_softmax(x, dim)
-    return y, y
-
-
 def _half_softmax_bwd(dim, y, g):
     y32, g32 = y.astype(jnp.float32), g.astype(jnp.float32)
     return ((y32 * (g32 - jnp.sum(g32 * y32, axis=dim, keepdims=True))).astype(y.dtype),)
 
 
-_half_softmax.defvjp(_half_softmax_fwd, _half_softmax_bwd)
+_half_softmax.defvjp(_saving_output(_half_softmax), _half_softmax_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -403,18 +400,13 @@ def _half_log_softmax(x, dim: int):
     return (shifted - log_total.astype(jnp.float32)).astype(x.dtype)
 
 
-def _half_log_softmax_fwd(x, dim):
-    y = _half_log_softmax(x, dim)
-    return y, y
-
-
 def _half_log_softmax_bwd(dim, y, g):
     g32 = g.astype(jnp.float32)
     total = jnp.sum(g32, axis=dim, keepdims=True)
     return ((g32 - jnp.exp(y.astype(jnp.float32)) * total).astype(y.dtype),)
 
 
-_half_log_softmax.defvjp(_half_log_softmax_fwd, _half_log_softmax_bwd)
+_half_log_softmax.defvjp(_saving_output(_half_log_softmax), _half_log_softmax_bwd)
 
 
 @lowering(aten._softmax.default)
@@ -422,7 +414,7 @@ def softmax(x, dim, half_to_float=False):
     x = maybe_cast(x, torch.float32) if half_to_float else x
     if x.ndim == 0:
         return jax.nn.softmax(x[None], axis=0)[0]
-    if _is_half(x):
+    if is_half(x):
         return _half_softmax(x, dim % x.ndim)
     return jax.nn.softmax(x, axis=dim)
 
@@ -433,6 +425,6 @@ def log_softmax(x, dim, half_to_float=False):
     x = maybe_cast(x, torch.float32) if half_to_float else x
     if x.ndim == 0:
         return jax.nn.log_softmax(x[None], axis=0)[0]
-    if _is_half(x):
+    if is_half(x):
         return _half_log_softmax(x, dim % x.ndim)
     return jax.nn.log_softmax(x, axis=dim)
