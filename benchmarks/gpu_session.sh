@@ -9,8 +9,10 @@
 #   3. with PROFILE_S set (110 s is enough), benchmarks/profile_gpu.py: the bf16 steps of
 #      the hand-written JAX GPT-2 and of cerebrax, kernel by kernel, and the programs XLA
 #      made of them (extra.tgz);
-#   4. meanwhile, the test suite on the CPU with those versions (cores 8-15, JAX and
-#      torch on the CPU), then the multi-device tests.
+#   4. meanwhile, on the CPU with those versions (cores 8-15, JAX and torch on the CPU):
+#      tools/half_arith_probe.py (whether this CPU's XLA rounds float16 arithmetic as
+#      torch eager does), the test suite (or the paths in TESTS) for TESTS_S seconds,
+#      then the multi-device tests.
 # Usage: OUT=/some/folder bash benchmarks/gpu_session.sh [bench_gpu.py options]
 # It leaves eight files in OUT, the most a lent machine gives back.
 set -uo pipefail
@@ -53,9 +55,11 @@ cat "$OUT/setup.log"
 (
     export CUDA_VISIBLE_DEVICES= JAX_PLATFORMS=cpu
     start=$SECONDS
-    $pin_tests timeout "$TESTS_S" $PY -m pytest -n 8 -p no:cacheprovider -p no:benchmark -v -rfE \
-        tests --ignore=tests/multidevice --ignore=tests/test_notebooks.py \
+    { $pin_tests timeout 120 $PY tools/half_arith_probe.py; echo "probe: exit $?"; } \
         > "$OUT/tests.log" 2>&1
+    $pin_tests timeout "$TESTS_S" $PY -m pytest -n 8 -p no:cacheprovider -p no:benchmark -v -rfE \
+        ${TESTS:-tests --ignore=tests/multidevice --ignore=tests/test_notebooks.py} \
+        >> "$OUT/tests.log" 2>&1
     echo "main suite: exit $? after $((SECONDS - start)) s" >> "$OUT/tests.log"
     left=$((TESTS_S - (SECONDS - start)))
     if [ "$left" -gt 30 ]; then
