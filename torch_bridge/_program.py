@@ -127,10 +127,13 @@ class Program:
         ]
         self._random_index = {n: i for i, n in enumerate(self.random_nodes)}
         self._causal: dict[torch.fx.Node, bool] = {}  # see _causal_mask
-        # Pointwise ops on floating values: their output shapes (see _broadcast_half).
+        # Pointwise ops on floating values: their output shapes (see _broadcast_half);
+        # add, sub, mul and div sum a broadcast half operand's gradient themselves
+        # (ops/_scalar_ops.py), and need to see which operand is a 0-dim tensor.
         self._pointwise = {
             n: tuple(n.meta["val"].shape) for n in self.nodes
             if torch.Tag.pointwise in getattr(n.target, "tags", ())
+            and n.target not in _OWN_BROADCAST
             and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point()
         }
         self.ops = sorted({str(n.target) for n in self.nodes})
@@ -417,6 +420,13 @@ def _as_causal(target: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     else:
         kwargs["is_causal"] = True
     return args, kwargs
+
+
+_OWN_BROADCAST = frozenset({
+    torch.ops.aten.add.Tensor, torch.ops.aten.add.Scalar, torch.ops.aten.sub.Tensor,
+    torch.ops.aten.sub.Scalar, torch.ops.aten.rsub.Tensor, torch.ops.aten.rsub.Scalar,
+    torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar, torch.ops.aten.div.Tensor,
+    torch.ops.aten.div.Scalar})
 
 
 def _broadcast_half(value: Any, shape: tuple[int, ...]) -> Any:

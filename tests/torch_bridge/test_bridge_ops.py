@@ -131,3 +131,37 @@ def test_a_norm_is_nan_where_torchs_is_and_zero_at_zero(norm):
     x = torch.tensor([[1.0, float("nan")], [0.0, 0.0], [3.0, 4.0]])
     got = np.asarray(torch_bridge.convert(_Fn(norm))(x))
     np.testing.assert_array_equal(got, norm(x).numpy())
+
+
+@pytest.mark.parametrize("dim, shape, index_shape", [
+    (1, (6, 9), (6, 1)),     # nll_loss's pick: one class per row
+    (-1, (2, 3, 7), (2, 3, 1)),
+    (0, (5, 4), (1, 4)),
+    (1, (6, 9), (4, 1)),     # an index smaller than the input in another dim
+    (1, (6, 9), (6, 3)),     # several per row, repeats possible: a scatter-add
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gathers_gradient_is_torchs_and_one_pick_is_a_select(dim, shape, index_shape, dtype):
+    """torch.gather's gradient equals torch's; where one element is picked per line, it
+    is a select against the index, with no scatter into a zeroed copy of the input."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
+    index = torch.randint(0, shape[dim], index_shape, generator=g)
+    weight = torch.randn(index_shape, generator=g).to(dtype)
+
+    class Gather(nn.Module):
+        def forward(self, x, index):
+            return torch.gather(x, dim, index)
+
+    (Gather()(x, index) * weight).sum().backward()
+    converted = torch_bridge.convert(Gather(), (x.detach(), index))
+    jindex, jweight = torch_bridge.to_jax(index), torch_bridge.to_jax(weight)
+
+    def loss(jx):
+        return jnp.sum((converted.apply({}, {}, jx, jindex)[0] * jweight).astype(jnp.float32))
+
+    jx = torch_bridge.to_jax(x.detach())
+    got = jax.jit(jax.grad(loss))(jx)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), x.grad.float().numpy())
+    scatters = str(jax.make_jaxpr(jax.grad(loss))(jx)).count("scatter")
+    assert (scatters == 0) == (index_shape[dim] == 1)

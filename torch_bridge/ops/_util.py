@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -11,8 +13,9 @@ import jax.numpy as jnp
 
 from ._dtypes import jax_dtype
 
-__all__ = ["axes", "axis", "broadcast_accumulating", "is_half", "maybe_cast", "safe_sqrt",
-           "shape_of", "torch_release"]
+__all__ = ["axes", "axis", "broadcast_accumulating", "is_half", "lowering_platform",
+           "kept", "maybe_cast", "platform", "rounded_product", "safe_sqrt", "shape_of",
+           "torch_release"]
 
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
@@ -20,6 +23,71 @@ _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 def is_half(x: Any) -> bool:
     """Whether ``x`` is an array of float16 or bfloat16."""
     return hasattr(x, "dtype") and jnp.dtype(x.dtype) in _HALF
+
+
+# The platform the graph being lowered will run on (None: JAX's default backend). The
+# caller that builds the program knows it; the lowering cannot see it in the arrays.
+_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "torch_bridge_lowering_platform", default=None)
+
+
+@contextlib.contextmanager
+def lowering_platform(platform: str | None) -> Iterator[None]:
+    """Lowers the graphs traced inside the block for ``platform`` (a JAX platform name,
+    ``"cpu"`` or ``"gpu"``, or ``"cuda"``; None: JAX's default backend), which decides
+    the attention kernel, and on a CPU how half-precision products are kept rounded."""
+    token = _PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _PLATFORM.reset(token)
+
+
+def platform() -> str:
+    """The platform the graph being lowered will run on (see :func:`lowering_platform`)."""
+    return _PLATFORM.get() or jax.default_backend()
+
+
+def rounded_product(x: Any, y: Any) -> Any:
+    """``x * y``, rounded before any sum that consumes it, as torch eager rounds every
+    operation: for float16 and bfloat16 results on a CPU, where XLA lets LLVM fuse a
+    product and the addition that uses it into one FMA instruction, which a CPU with
+    half-precision arithmetic (AVX-512 FP16) then rounds once. A barrier keeps the
+    product apart, in the forward and in its two gradients; elsewhere this is ``x * y``.
+    """
+    out = x * y
+    if not is_half(out) or platform() != "cpu":
+        return out
+    x, y = jnp.broadcast_arrays(jnp.asarray(x, out.dtype), jnp.asarray(y, out.dtype))
+    return _barred_product(x, y)
+
+
+def kept(x: Any) -> Any:
+    """``x``, which XLA may not fold into the operation that consumes it: on a CPU, for
+    float16 and bfloat16, behind an optimization barrier. XLA's algebraic simplifier
+    rewrites ``a / b / c`` as ``a / (b * c)`` and ``a / sqrt(b)`` as ``a * rsqrt(b)``,
+    which round otherwise than torch eager's operation by operation (22724 of 65536
+    float16 elements of ``(x / y) / x`` differed). Elsewhere ``x`` itself."""
+    if not is_half(x) or platform() != "cpu":
+        return x
+    return jax.lax.optimization_barrier(x)
+
+
+@jax.custom_vjp
+def _barred_product(x, y):
+    return jax.lax.optimization_barrier(x * y)
+
+
+def _barred_product_fwd(x, y):
+    return _barred_product(x, y), (x, y)
+
+
+def _barred_product_bwd(residuals, g):
+    x, y = residuals
+    return jax.lax.optimization_barrier((g * y, g * x))
+
+
+_barred_product.defvjp(_barred_product_fwd, _barred_product_bwd)
 
 
 def torch_release(version: str) -> tuple[int, int]:

@@ -12,17 +12,18 @@ and softmax follow torch's CPU kernels.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import torch
 
 from ._registry import lowering
+from ._util import lowering_platform, platform
+
+__all__ = ["fused_attention", "fused_attention_fits", "lowering_platform",
+           "scaled_dot_product_attention"]
 
 aten = torch.ops.aten
 
@@ -122,25 +123,8 @@ def _unbroadcast(grad, shape):
 _attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
 
 
-# The platform the graph being lowered will run on (None: JAX's default backend). The
-# caller that builds the program knows it; the lowering cannot see it in the arrays.
-_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "torch_bridge_lowering_platform", default=None)
-
 # Head sizes cuDNN's fused attention takes (multiples of 8 up to 128).
 _CUDNN_HEAD_SIZES = range(8, 129, 8)
-
-
-@contextlib.contextmanager
-def lowering_platform(platform: str | None) -> Iterator[None]:
-    """Lowers the graphs traced inside the block for ``platform`` (a JAX platform name,
-    ``"cpu"`` or ``"gpu"``, or ``"cuda"``; None: JAX's default backend), which decides
-    the attention kernel."""
-    token = _PLATFORM.set(platform)
-    try:
-        yield
-    finally:
-        _PLATFORM.reset(token)
 
 
 def _is_cuda(platform: str) -> bool:
@@ -183,7 +167,7 @@ def fused_attention(q, k, v, is_causal: bool, scale: float,
 
 def _attention(key, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     if (enable_gqa or k.shape[-3] == q.shape[-3]) and fused_attention_fits(
-            q, k, v, attn_mask, dropout_p, _PLATFORM.get()):
+            q, k, v, attn_mask, dropout_p, platform()):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         return fused_attention(q, k, v, bool(is_causal), float(scale))
     if enable_gqa and k.shape[-3] != q.shape[-3]:

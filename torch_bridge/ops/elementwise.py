@@ -11,7 +11,8 @@ import torch
 from jax import lax
 
 from ._registry import lowering
-from ._util import is_half, maybe_cast
+from ._scalar_ops import half_arithmetic, half_result
+from ._util import is_half, maybe_cast, rounded_product
 
 aten = torch.ops.aten
 
@@ -27,29 +28,43 @@ def _is_int(x) -> bool:
 
 
 # ---- arithmetic ----------------------------------------------------------------------
+# A half-precision result with a scalar operand follows torch's kernels (_scalar_ops).
 @lowering(aten.add.Tensor, aten.add.Scalar)
 def add(x, y, alpha=1):
-    return x + y if alpha == 1 else x + alpha * y
+    return _sum(x, y, alpha)
 
 
 @lowering(aten.sub.Tensor, aten.sub.Scalar)
 def sub(x, y, alpha=1):
-    return x - y if alpha == 1 else x - alpha * y
+    return _sum(x, y, -alpha)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(x, y, alpha=1):
-    return y - x if alpha == 1 else y - alpha * x
+    return _sum(y, x, -alpha)
+
+
+def _sum(x, y, alpha):
+    half = half_result(x, y)
+    if half is None:
+        return x + y if alpha == 1 else x + alpha * y
+    return half_arithmetic("add", x, y, half, alpha)
 
 
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
 def mul(x, y):
-    return x * y
+    half = half_result(x, y)
+    if half is None:
+        return rounded_product(x, y)
+    return half_arithmetic("mul", x, y, half)
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar)
 def div(x, y):
-    return jnp.true_divide(x, y)
+    half = half_result(x, y)
+    if half is None:
+        return jnp.true_divide(x, y)
+    return half_arithmetic("div", x, y, half)
 
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)

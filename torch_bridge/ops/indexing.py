@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import torch
@@ -94,7 +96,34 @@ def gather(x, dim, index, *, sparse_grad=False):
         return jnp.zeros(index.shape, x.dtype)
     a = axis(dim, x.ndim)
     x = _crop_to(x, index.shape, a)
+    if index.shape[a] == 1:
+        return _gather_one(x, index, a)
     return jnp.take_along_axis(x, index, axis=a, mode="promise_in_bounds")
+
+
+# One element picked per line (nll_loss's decomposition picks the target's
+# log-probability so): the gradient is a select against the index, which fuses with
+# what consumes it, where JAX's own is a scatter-add into a zeroed copy of ``x``. The
+# same values (one addend per element); on a GPT-2 step over a 50257-word vocabulary
+# the zeroed copy alone took 2.5% of the step on an H200.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gather_one(x, index, a: int):
+    return jnp.take_along_axis(x, index, axis=a, mode="promise_in_bounds")
+
+
+def _gather_one_fwd(x, index, a):
+    # ``x`` itself is not kept: an empty array holds its dtype and its size along ``a``
+    return _gather_one(x, index, a), (index, jnp.zeros((0, x.shape[a]), x.dtype))
+
+
+def _gather_one_bwd(a, residuals, grad):
+    index, like = residuals
+    shape = index.shape[:a] + (like.shape[1],) + index.shape[a + 1:]
+    hit = lax.broadcasted_iota(index.dtype, shape, a) == index
+    return jnp.where(hit, grad, jnp.zeros((), like.dtype)), None
+
+
+_gather_one.defvjp(_gather_one_fwd, _gather_one_bwd)
 
 
 def _scatter_index(index, a: int) -> tuple:
