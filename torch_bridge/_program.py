@@ -21,6 +21,7 @@ from cerebrax.errors import UnsupportedOpError
 
 from . import ops
 from .ops._dtypes import jax_dtype, to_jax
+from .ops._scalar_ops import zero_dim_as_half
 from .ops._util import broadcast_accumulating
 from ._side_calls import SideCalls
 
@@ -130,6 +131,10 @@ class Program:
         # Pointwise ops on floating values: their output shapes (see _broadcast_half);
         # add, sub, mul and div sum a broadcast half operand's gradient themselves
         # (ops/_scalar_ops.py), and need to see which operand is a 0-dim tensor.
+        # Pointwise ops whose 0-dim operands follow torch's promotion (zero_dim_as_half)
+        self._promoting = {
+            n for n in self.nodes if torch.Tag.pointwise in getattr(n.target, "tags", ())
+            and n.target not in _OWN_BROADCAST}
         self._pointwise = {
             n: tuple(n.meta["val"].shape) for n in self.nodes
             if torch.Tag.pointwise in getattr(n.target, "tags", ())
@@ -187,6 +192,8 @@ class Program:
                 continue
             if node.target in _ATTENTION and self._causal_mask(node):
                 args, kwargs = _as_causal(node.target, args, kwargs)
+            if node in self._promoting:
+                args = zero_dim_as_half(args)
             if node in self._pointwise:  # torch's backward sums a broadcast operand in fp32
                 shape = self._pointwise[node]
                 args = tuple(_broadcast_half(a, shape) for a in args)

@@ -48,6 +48,7 @@ from cerebrax.errors import UnsupportedOpError
 
 from . import _lazy_dynamo, ops
 from .ops._dtypes import export_dtype, jax_dtype, to_jax
+from .ops._scalar_ops import zero_dim_as_half
 
 # Tensors of this module caught in reference cycles (a traced step's graph, a closure's
 # arguments) are freed before the interpreter shuts down, while torch can still release
@@ -334,6 +335,8 @@ def _run_op(func: Any, args: tuple, kwargs: dict) -> Any:
         # gradient (torch_bridge._program._broadcast_half); op by op they are not.
         raise DirectRefused(f"{func} with a half-precision result")
     jax_args, jax_kwargs = _to_jax((args, kwargs))
+    if torch.Tag.pointwise in func.tags:
+        jax_args = zero_dim_as_half(jax_args)
     out = _wrap_like(entry.fn(*jax_args, **jax_kwargs), meta, func)
     if func.is_view and isinstance(args[0], JaxTensor):
         return _views(out, func, args, kwargs, entry.fn, jax_args, jax_kwargs)

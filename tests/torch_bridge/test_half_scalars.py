@@ -144,3 +144,34 @@ def test_chains_of_half_operations_round_at_each_step(name, dtype):
             return fn(x, y)
 
     _compare(M(), [x, y], dtype)
+
+
+ZERO_DIM = {
+    "maximum": lambda x, t: torch.maximum(x, t),
+    "where": lambda x, t: torch.where(x > 0, x, t),
+    "comparison": lambda x, t: (x > t).to(x.dtype),
+    "pow": lambda x, t: torch.pow(x.abs() + 1, t * 20),
+    "clamp": lambda x, t: torch.clamp(x, min=t),
+    "atan2": lambda x, t: torch.atan2(x, t),
+    "remainder": lambda x, t: torch.remainder(x, t * 3),
+    "hypot": lambda x, t: torch.hypot(x, t),
+}
+
+
+@pytest.mark.parametrize("name", ZERO_DIM)
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_zero_dim_float32_tensor_does_not_promote_a_half_one(name, dtype):
+    """``op(x, torch.tensor(0.1))`` for a half ``x`` is half, computed with the 0-dim
+    tensor rounded to the half dtype, as in torch (JAX alone gives float32)."""
+    x = torch.randn(512, generator=torch.Generator().manual_seed(4)).to(dtype)
+    fn = ZERO_DIM[name]
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return fn(x, torch.tensor(0.1))
+
+    want = M()(x)
+    converted = torch_bridge.convert(M(), (x,))
+    got = jax.jit(lambda a: converted.apply({}, {}, a)[0])(torch_bridge.to_jax(x))
+    assert got.dtype == torch_bridge.to_jax(want).dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want.float().numpy())

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from ._util import is_half, kept, rounded_product
 
-__all__ = ["half_arithmetic", "half_result"]
+__all__ = ["half_arithmetic", "half_result", "zero_dim_as_half"]
 
 _F32 = jnp.float32
 
@@ -60,18 +60,31 @@ def _category(v: Any) -> int:
     return 2 if isinstance(v, numbers.Real) else 3
 
 
-def half_result(x: Any, y: Any) -> Any:
-    """The float16 or bfloat16 dtype torch gives ``x op y``, or None where torch's result
-    is not a half dtype (JAX's promotion then agrees with torch's here)."""
-    if max(_category(x), _category(y)) != 2:
+def half_result(*operands: Any) -> Any:
+    """The float16 or bfloat16 dtype torch gives an elementwise op of ``operands``, or
+    None where torch's result is not a half dtype (JAX's promotion then agrees with
+    torch's here)."""
+    if max(map(_category, operands)) != 2:
         return None
-    leaders = [v for v in (x, y) if _category(v) == 2]
+    leaders = [v for v in operands if _category(v) == 2]
     rank = max(map(_rank, leaders))
     dtypes = {jnp.dtype(v.dtype) for v in leaders if rank and _rank(v) == rank}
     if len(dtypes) != 1:
         return None
     (dtype,) = dtypes
     return dtype if is_half(jnp.zeros((), dtype)) else None
+
+
+def zero_dim_as_half(args: tuple) -> tuple:
+    """The operands of an elementwise op, a 0-dim floating array among them cast to the
+    half dtype torch computes the op in: with a float16 tensor with dimensions, a 0-dim
+    float32 tensor is float16 in torch (``torch.maximum(x, torch.tensor(0.))`` is
+    float16), where JAX would promote the result to float32. (``add``, ``sub``, ``mul``
+    and ``div`` do this themselves: ``x * s`` uses the float32 value.)"""
+    half = half_result(*args)
+    if half is None:
+        return args
+    return tuple(a.astype(half) if _rank(a) == 1 and _category(a) == 2 else a for a in args)
 
 
 def half_arithmetic(op: str, x: Any, y: Any, dtype: Any, alpha: float = 1) -> jax.Array:

@@ -114,7 +114,11 @@ def atan2(x, y):
 
 @lowering(aten.hypot.default)
 def hypot(x, y):
-    return jnp.hypot(x, y)
+    out = jnp.hypot(x, y)
+    if is_half(out):  # torch's kernel computes in float32 and rounds once
+        return jnp.hypot(jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)).astype(
+            out.dtype)
+    return out
 
 
 @lowering(aten.copysign.Tensor, aten.copysign.Scalar)
@@ -124,7 +128,13 @@ def copysign(x, y):
 
 @lowering(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(x, end, weight):
-    return x + weight * (end - x)
+    """torch's formula (from the nearer end), in float32 for half operands, rounded once."""
+    dtype = jnp.result_type(x, end, weight)
+    if is_half(jnp.zeros((), dtype)):
+        x, end, weight = (jnp.asarray(v, jnp.float32) for v in (x, end, weight))
+    diff = end - x
+    out = jnp.where(jnp.abs(weight) < 0.5, x + weight * diff, end - diff * (1 - weight))
+    return out.astype(dtype)
 
 
 @lowering(aten.addcmul.default)
