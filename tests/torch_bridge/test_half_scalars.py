@@ -175,3 +175,17 @@ def test_a_zero_dim_float32_tensor_does_not_promote_a_half_one(name, dtype):
     got = jax.jit(lambda a: converted.apply({}, {}, a)[0])(torch_bridge.to_jax(x))
     assert got.dtype == torch_bridge.to_jax(want).dtype
     np.testing.assert_array_equal(np.asarray(got, np.float32), want.float().numpy())
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_half_result_widened_to_float32_is_rounded_first(dtype):
+    """``(x + y).float()``: on a CPU, XLA computes a bfloat16 sum in float32 and would
+    hand it to the cast unrounded (35252 of 65536 elements differed from torch)."""
+    g = torch.Generator().manual_seed(5)
+    x, y = (torch.randn(4096, generator=g).to(dtype).requires_grad_() for _ in range(2))
+
+    class M(torch.nn.Module):
+        def forward(self, x, y):
+            return (x + y).float() * 3.0 + torch.exp(x).float()
+
+    _compare(M(), [x, y], torch.float32)

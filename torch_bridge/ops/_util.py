@@ -148,10 +148,18 @@ def axes(ds: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
 
 
 def maybe_cast(x: Any, dtype: Any) -> Any:
-    """``x`` as the JAX dtype standing for torch ``dtype`` (unchanged when None)."""
+    """``x`` as the JAX dtype standing for torch ``dtype`` (unchanged when None). A half
+    ``x`` widened to float32 or float64 is rounded to its half dtype first (``kept``):
+    on a CPU, XLA computes a bfloat16 operation in float32 and would hand that float32
+    value on to the cast unrounded (35252 of 65536 elements of ``(x + y).float()``
+    differed from torch eager)."""
     if dtype is None:
         return x
-    return jnp.asarray(x).astype(jax_dtype(dtype))
+    target = jnp.dtype(jax_dtype(dtype))
+    x = jnp.asarray(x)
+    if is_half(x) and jnp.issubdtype(target, jnp.floating) and target.itemsize > 2:
+        x = kept(x)
+    return x.astype(target)
 
 
 def shape_of(size: Sequence[Any]) -> tuple[int, ...]:
