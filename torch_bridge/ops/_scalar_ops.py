@@ -131,7 +131,22 @@ def _add(a, b, alpha, dtype):
         a, b = _half(a, dtype), _half(b, dtype)
         return a + b if alpha == 1 else a - b
     a, b, scale = (_wide(_half(v, dtype)) for v in (a, b, jnp.asarray(alpha, _F32)))
+    if _scalar_torch_kernels():  # torch's scalar fallback rounds the product first
+        return (a + _wide((scale * b).astype(dtype))).astype(dtype)
     return (a + scale * b).astype(dtype)
+
+
+@functools.cache
+def _scalar_torch_kernels() -> bool:
+    """Whether this process's torch runs its unvectorized CPU kernels on x86
+    (``ATEN_CPU_CAPABILITY=default``), whose ``add(x, y, alpha=a)`` for a half dtype
+    rounds ``a * y`` before the sum, where its AVX2 and AVX-512 kernels round once."""
+    import platform
+
+    import torch
+
+    return (platform.machine().lower() in ("x86_64", "amd64")
+            and torch.backends.cpu.get_cpu_capability() == "DEFAULT")
 
 
 def _forward(op, alpha, dtype, rx, ry, x, y):
