@@ -52,14 +52,9 @@ def rounded_product(x: Any, y: Any) -> Any:
     """``x * y``, rounded before any sum that consumes it, as torch eager rounds every
     operation: for float16 and bfloat16 results on a CPU, where XLA lets LLVM fuse a
     product and the addition that uses it into one FMA instruction, which a CPU with
-    half-precision arithmetic (AVX-512 FP16) then rounds once. A barrier keeps the
-    product apart, in the forward and in its two gradients; elsewhere this is ``x * y``.
-    """
-    out = x * y
-    if not is_half(out) or platform() != "cpu":
-        return out
-    x, y = jnp.broadcast_arrays(jnp.asarray(x, out.dtype), jnp.asarray(y, out.dtype))
-    return _barred_product(x, y)
+    half-precision arithmetic (AVX-512 FP16) then rounds once (``kept``). The lowerings
+    compute their gradients' products with it too (``_scalar_ops``)."""
+    return kept(x * y)
 
 
 def kept(x: Any) -> Any:
@@ -71,23 +66,6 @@ def kept(x: Any) -> Any:
     if not is_half(x) or platform() != "cpu":
         return x
     return jax.lax.optimization_barrier(x)
-
-
-@jax.custom_vjp
-def _barred_product(x, y):
-    return jax.lax.optimization_barrier(x * y)
-
-
-def _barred_product_fwd(x, y):
-    return _barred_product(x, y), (x, y)
-
-
-def _barred_product_bwd(residuals, g):
-    x, y = residuals
-    return jax.lax.optimization_barrier((g * y, g * x))
-
-
-_barred_product.defvjp(_barred_product_fwd, _barred_product_bwd)
 
 
 def torch_release(version: str) -> tuple[int, int]:
