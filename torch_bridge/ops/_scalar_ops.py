@@ -90,15 +90,14 @@ def zero_dim_as_half(args: tuple) -> tuple:
 def half_arithmetic(op: str, x: Any, y: Any, dtype: Any, alpha: float = 1) -> jax.Array:
     """``x op y`` (``op``: ``"add"`` for ``x + alpha * y``, ``"mul"``, ``"div"``) for
     torch's half result ``dtype`` (from :func:`half_result`), as torch computes it."""
-    def operand(v):
-        if _rank(v) == 0:  # a Python number: float32, as torch reads it
-            return jax.lax.stop_gradient(jnp.asarray(v, _F32))
-        if _category(v) < 2:  # an integer or bool 0-dim tensor: its value, in float32
-            return jax.lax.stop_gradient(v.astype(_F32))
-        return v
+    def constant(v):  # a Python number, or an integer or bool 0-dim tensor
+        return _rank(v) == 0 or _category(v) < 2
+
+    def operand(v):  # a constant as torch reads it: its value in float32
+        return jax.lax.stop_gradient(jnp.asarray(v, _F32)) if constant(v) else v
 
     return _arithmetic(op, float(alpha), jnp.dtype(dtype), _rank(x), _rank(y),
-                       operand(x), operand(y))
+                       (constant(x), constant(y)), operand(x), operand(y))
 
 
 def _half(v, dtype):
@@ -157,12 +156,14 @@ def _forward(op, alpha, dtype, rx, ry, x, y):
     return _add(x, y, alpha, dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _arithmetic(op, alpha, dtype, rx, ry, x, y):
+# ``constants``: which operands are constants, whose cotangent is None: it would vary
+# over a pipeline's manual axes where the constant does not.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _arithmetic(op, alpha, dtype, rx, ry, constants, x, y):
     return _forward(op, alpha, dtype, rx, ry, x, y)
 
 
-def _arithmetic_fwd(op, alpha, dtype, rx, ry, x, y):
+def _arithmetic_fwd(op, alpha, dtype, rx, ry, constants, x, y):
     return _forward(op, alpha, dtype, rx, ry, x, y), (x, y)
 
 
@@ -177,7 +178,7 @@ def _sum_to(grad, like, dtype):
     return grad.astype(like.dtype)
 
 
-def _arithmetic_bwd(op, alpha, dtype, rx, ry, residuals, g):
+def _arithmetic_bwd(op, alpha, dtype, rx, ry, constants, residuals, g):
     x, y = residuals
     rg = 2 if g.ndim else 1
     if op == "mul":
@@ -189,7 +190,8 @@ def _arithmetic_bwd(op, alpha, dtype, rx, ry, residuals, g):
     else:
         gx = g
         gy = g if alpha == 1 else _mul(g, rg, jnp.asarray(alpha, _F32), 0, dtype)
-    return _sum_to(gx, x, dtype), _sum_to(gy, y, dtype)
+    return tuple(None if constant else _sum_to(grad, v, dtype)
+                 for constant, grad, v in zip(constants, (gx, gy), (x, y)))
 
 
 _arithmetic.defvjp(_arithmetic_fwd, _arithmetic_bwd)
