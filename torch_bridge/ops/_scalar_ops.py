@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._util import is_half, kept, rounded_product
+from ._util import is_half, kept, rounded_product, widened
 
 __all__ = ["half_arithmetic", "half_result", "zero_dim_as_half"]
 
@@ -104,24 +104,16 @@ def _half(v, dtype):
     return v.astype(dtype)
 
 
-def _wide(v):
-    """``v`` in float32, for a computation torch does in float32. A half ``v`` stands
-    behind a barrier on a CPU (``kept``): where XLA computes a bfloat16 operation in
-    float32, it would otherwise drop the rounding to bfloat16 and back between it and
-    this one (798 of 4096 elements of ``(x + y) * 0.1`` differed from torch)."""
-    return kept(v).astype(_F32)
-
-
 def _mul(a, ra, b, rb, dtype):
     """torch's ``a * b`` (ranks ``ra``, ``rb``) for a half result ``dtype``."""
     if rb < 2 and rb <= ra:  # the scalar second: its own value in float32
-        return (_wide(a) * _wide(b)).astype(dtype)
+        return (widened(a) * widened(b)).astype(dtype)
     return rounded_product(_half(a, dtype), _half(b, dtype))
 
 
 def _div(a, ra, b, rb, dtype):
     if rb < 2 and rb <= ra:
-        return (_wide(a) / _wide(b)).astype(dtype)
+        return (widened(a) / widened(b)).astype(dtype)
     return kept(_half(a, dtype) / kept(_half(b, dtype)))
 
 
@@ -129,9 +121,9 @@ def _add(a, b, alpha, dtype):
     if alpha in (1, -1):
         a, b = _half(a, dtype), _half(b, dtype)
         return a + b if alpha == 1 else a - b
-    a, b, scale = (_wide(_half(v, dtype)) for v in (a, b, jnp.asarray(alpha, _F32)))
+    a, b, scale = (widened(_half(v, dtype)) for v in (a, b, jnp.asarray(alpha, _F32)))
     if _scalar_torch_kernels():  # torch's scalar fallback rounds the product first
-        return (a + _wide((scale * b).astype(dtype))).astype(dtype)
+        return (a + widened((scale * b).astype(dtype))).astype(dtype)
     return (a + scale * b).astype(dtype)
 
 

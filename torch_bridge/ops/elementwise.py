@@ -12,7 +12,7 @@ from jax import lax
 
 from ._registry import lowering
 from ._scalar_ops import half_arithmetic, half_result
-from ._util import is_half, kept, maybe_cast, rounded_product
+from ._util import is_half, maybe_cast, rounded_product, widened
 
 aten = torch.ops.aten
 
@@ -236,7 +236,7 @@ def _in_float32(fn):
     def wrapped(x, *args, **kwargs):
         if not is_half(x):
             return fn(x, *args, **kwargs)
-        return fn(kept(x).astype(jnp.float32), *args, **kwargs).astype(x.dtype)
+        return fn(widened(x), *args, **kwargs).astype(x.dtype)
 
     return wrapped
 
@@ -261,7 +261,7 @@ def _unary(jfn, *, floating=True):
 def _from_output(jfn, grad):
     @jax.custom_vjp
     def half_fn(x):
-        return jfn(kept(x).astype(jnp.float32)).astype(x.dtype)
+        return jfn(widened(x)).astype(x.dtype)
 
     def forward(x):
         y = half_fn(x)
@@ -280,30 +280,26 @@ def _from_output(jfn, grad):
     return fn
 
 
-def _wide32(v):
-    return kept(v).astype(jnp.float32)
-
-
 def _sigmoid_grad(g, y):
     """torch's kernel: in float32 for bfloat16; for float16, ``(g * (1 - y)) * y`` with
     each step rounded to float16."""
     if y.dtype == jnp.float16:
-        complement = (1 - _wide32(y)).astype(y.dtype)
-        step = (_wide32(g) * _wide32(complement)).astype(y.dtype)
-        return _wide32(step) * _wide32(y)
-    return _wide32(g) * (1 - _wide32(y)) * _wide32(y)
+        complement = (1 - widened(y)).astype(y.dtype)
+        step = (widened(g) * widened(complement)).astype(y.dtype)
+        return widened(step) * widened(y)
+    return widened(g) * (1 - widened(y)) * widened(y)
 
 
 def _rsqrt_grad(g, y):
-    scaled = (-0.5 * _wide32(g)).astype(y.dtype)
-    cube = (_wide32(y) ** 3).astype(y.dtype)
-    return _wide32(scaled) * _wide32(cube)
+    scaled = (-0.5 * widened(g)).astype(y.dtype)
+    cube = (widened(y) ** 3).astype(y.dtype)
+    return widened(scaled) * widened(cube)
 
 
 for _op, _fn, _grad in [
     (aten.sigmoid.default, jax.nn.sigmoid, _sigmoid_grad),
-    (aten.tanh.default, jnp.tanh, lambda g, y: _wide32(g) * (1 - _wide32(y) ** 2)),
-    (aten.sqrt.default, jnp.sqrt, lambda g, y: _wide32(g) / (2 * _wide32(y))),
+    (aten.tanh.default, jnp.tanh, lambda g, y: widened(g) * (1 - widened(y) ** 2)),
+    (aten.sqrt.default, jnp.sqrt, lambda g, y: widened(g) / (2 * widened(y))),
     (aten.rsqrt.default, lax.rsqrt, _rsqrt_grad),
 ]:
     lowering(_op)(_from_output(_fn, _grad))
