@@ -685,6 +685,11 @@ def _own_stages(plan: _PipelinePlan, params: dict, s: jax.Array) -> dict[str, ja
             send = jnp.stack([r[d] for r in rows]).reshape(plan.repeats, num, -1)
             received[d] = jax.lax.all_to_all(send.swapaxes(0, 1), "stage", 0, 0, tiled=True)
     whole = {n: v for n, v in params.items() if _split_dim(plan.param_specs[n]) is None}
+    # Marked varying here, before the switch on the device's stage index: the backward
+    # pass transposes the cast into a psum over the mesh, which every device must run.
+    # Inside a branch, devices that took different branches would wait forever on
+    # each other's different collectives (a parameter stored whole: a 0-dim gate).
+    received, whole = _vary_tree(received), _vary_tree(whole)
     branches = [functools.partial(_join_stages, plan, o) for o in range(num)]
     return jax.lax.switch(s, branches, received, whole)
 

@@ -3,7 +3,10 @@
 Token and position embeddings, ``blocks`` pre-norm transformer blocks (causal
 attention whose mask is carried through every block next to the residual stream, a GELU
 MLP) in an ``nn.ModuleList``, a final layer norm and a head tied to the token embedding
-(so the tied weight is used at both ends of the model).
+(so the tied weight is used at both ends of the model). With ``gates`` every block
+scales its attention's and its MLP's output by a learnable 0-dim parameter
+(``attn(x) * a`` and ``b * mlp(x)``): parameters too small to split over a pipeline's
+stages, stored whole on every device.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 
 
 @functools.cache
-def gpt_class(vocab: int, seq: int, width: int, heads: int):
+def gpt_class(vocab: int, seq: int, width: int, heads: int, gates: bool = False):
     """The ``GPT(blocks)`` torch module class for these sizes (built once per sizes)."""
     import torch
     from torch import nn
@@ -41,10 +44,16 @@ def gpt_class(vocab: int, seq: int, width: int, heads: int):
             self.ln2 = nn.LayerNorm(width)
             self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
                                      nn.Linear(4 * width, width))
+            if gates:
+                self.attn_gate = nn.Parameter(torch.tensor(0.75))
+                self.mlp_gate = nn.Parameter(torch.tensor(1.25))
 
         def forward(self, x, mask):
-            x = x + self.attn(self.ln1(x), mask)
-            return x + self.mlp(self.ln2(x))
+            if not gates:
+                x = x + self.attn(self.ln1(x), mask)
+                return x + self.mlp(self.ln2(x))
+            x = x + self.attn(self.ln1(x), mask) * self.attn_gate
+            return x + self.mlp_gate * self.mlp(self.ln2(x))
 
     class GPT(nn.Module):
         def __init__(self, blocks: int):
@@ -65,7 +74,8 @@ def gpt_class(vocab: int, seq: int, width: int, heads: int):
     return GPT
 
 
-def gpt(blocks: int, *, vocab: int, seq: int, width: int, heads: int, seed: int = 0):
+def gpt(blocks: int, *, vocab: int, seq: int, width: int, heads: int, seed: int = 0,
+        gates: bool = False):
     """A ``GPT`` of ``blocks`` blocks with torch's default initialization under ``seed``
     (a test that builds one is skipped where torch is not installed)."""
     try:
@@ -76,7 +86,7 @@ def gpt(blocks: int, *, vocab: int, seq: int, width: int, heads: int, seed: int 
         pytest.skip("the GPT model is a torch module, and torch is not installed")
 
     torch.manual_seed(seed)
-    return gpt_class(vocab, seq, width, heads)(blocks)
+    return gpt_class(vocab, seq, width, heads, gates)(blocks)
 
 
 def adamw_step(model, vocab: int, **adamw):

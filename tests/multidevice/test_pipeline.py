@@ -92,8 +92,9 @@ def _cnn(seed: int = 0):
 VOCAB, BLOCK, WIDTH, HEADS = 32, 8, 16, 2
 
 
-def _gpt(seed: int = 0, layers: int = 3):
-    return gpt(layers, vocab=VOCAB, seq=BLOCK, width=WIDTH, heads=HEADS, seed=seed)
+def _gpt(seed: int = 0, layers: int = 3, gates: bool = False):
+    return gpt(layers, vocab=VOCAB, seq=BLOCK, width=WIDTH, heads=HEADS, seed=seed,
+               gates=gates)
 
 
 def _model(kind: str, pipelined: bool):
@@ -101,7 +102,9 @@ def _model(kind: str, pipelined: bool):
         if pipelined:
             return _layered_mlp(0)
         return cstorch.FunctionalModel(mlp_apply, mlp_params(0, MLP_SIZES))
-    return _gpt(0) if kind == "gpt" else _cnn(0)
+    if kind.startswith("gpt"):
+        return _gpt(0, gates=kind == "gpt_gates")
+    return _cnn(0)
 
 
 def _data(kind: str, n: int = STEPS, rows: slice = slice(None)):
@@ -109,7 +112,7 @@ def _data(kind: str, n: int = STEPS, rows: slice = slice(None)):
     if kind == "mlp":
         xs = np.stack([x for x, _ in batches(n)])
         ys = np.stack([y for _, y in batches(n)])
-    elif kind == "gpt":
+    elif kind.startswith("gpt"):
         xs = rng.integers(0, VOCAB, size=(n, 32, BLOCK)).astype(np.int32)
         ys = rng.integers(0, VOCAB, size=(n, 32, BLOCK)).astype(np.int32)
     else:
@@ -181,6 +184,9 @@ def _clean():
     ("mlp", "adamw", "pipe2x4"),
     ("gpt", "adamw", "pipe4"),
     ("gpt", "adamw", "pipe2x4"),
+    # 0-dim parameters: stored whole on every stage device, not split
+    ("gpt_gates", "adamw", "pipe4"),
+    ("gpt_gates", "adamw", "pipe2x4"),
     ("cnn", "sgd", "pipe4_whole"),
 ])
 def test_pipeline_trains_like_one_device(kind, opt_kind, layout):
@@ -399,14 +405,16 @@ def test_layered_functional_model_on_one_device_is_the_composition():
     np.testing.assert_allclose(np.asarray(model(x)), np.asarray(expected), rtol=1e-6)
 
 
-def test_mixed_precision_pipeline_trains_like_one_device():
-    """float16 compute (the CSX default): carries and parameters packed per dtype."""
+@pytest.mark.parametrize("kind", ["gpt", "gpt_gates"])
+def test_mixed_precision_pipeline_trains_like_one_device(kind):
+    """float16 compute (the CSX default): carries and parameters packed per dtype; with
+    gates, a 0-dim float32 parameter times a float16 activation in a stage."""
     losses = {}
     for layout in (None, "pipe4"):
         cstorch.reset()
         cluster = ClusterConfig(**LAYOUTS[layout]) if layout else None
         backend = cstorch.backend("CSX", cluster_config=cluster)
-        model = cstorch.compile(_model("gpt", layout is not None), backend)
+        model = cstorch.compile(_model(kind, layout is not None), backend)
         optimizer = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
 
         @cstorch.trace
@@ -416,5 +424,5 @@ def test_mixed_precision_pipeline_trains_like_one_device():
             optimizer.step()
             return loss
 
-        losses[layout] = [float(training_step(x, y)) for x, y in _data("gpt", 3)]
+        losses[layout] = [float(training_step(x, y)) for x, y in _data(kind, 3)]
     assert rel_err(losses["pipe4"], losses[None]) <= 1e-3, losses

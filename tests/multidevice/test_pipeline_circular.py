@@ -146,10 +146,12 @@ def test_circular_mlp_trains_like_one_device():
     _assert_valid_schedule(records[-1][0], 4, 2, 4)
 
 
-def test_circular_gpt_trains_like_one_device():
-    """Ten layers (embeddings, blocks, a head tied to the embedding) in 8 virtual stages."""
-    ref_losses, ref_state = _reference("gpt", "adamw")
-    losses, state = _run(dict(CIRCULAR4), _model("gpt", True), "adamw", _data("gpt"))
+@pytest.mark.parametrize("kind", ["gpt", "gpt_gates"])
+def test_circular_gpt_trains_like_one_device(kind):
+    """Ten layers (embeddings, blocks, a head tied to the embedding) in 8 virtual stages;
+    with gates, 0-dim parameters that every stage device stores whole."""
+    ref_losses, ref_state = _reference(kind, "adamw")
+    losses, state = _run(dict(CIRCULAR4), _model(kind, True), "adamw", _data(kind))
     _assert_same(losses, state, ref_losses, ref_state)
 
 
