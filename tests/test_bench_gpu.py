@@ -111,3 +111,22 @@ def test_the_profile_runs_both_steps_and_counts_the_programs(tmp_path):
     steps = [name for name in programs if "train_step" in name or "program" in name]
     assert len(steps) >= 2, list(programs)  # the JAX step and cerebrax's
     assert all(sum(programs[name]["fusions"].values()) > 0 for name in steps), programs
+
+
+def test_the_cpu_gpt_benchmark_pairs_the_three_systems():
+    # benchmarks/bench_gpt_cpu.py at the tiny size: rows for the three systems, whose
+    # first losses (same weights, same batch, float32) agree as in the test above.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpt_cpu.py"),
+                             "--size", "tiny", "--rounds", "2", "--steps", "1",
+                             "--settle", "0", "--no-write"], env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in result.stdout.splitlines() if line.startswith("| ")}
+    losses = {name: float(rows[name][2]) for name in ("torch eager", "jax.jit + optax",
+                                                      "cerebrax")}
+    for name, loss in losses.items():
+        assert abs(loss - losses["torch eager"]) <= RTOL * losses["torch eager"], losses
+    for ratio in ("cerebrax / hand-written JAX", "cerebrax / torch eager"):
+        assert float(rows[ratio][0].split()[0]) > 0, rows[ratio]
