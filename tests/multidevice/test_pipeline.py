@@ -22,6 +22,7 @@ Run in its own process:
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -163,6 +164,39 @@ def _reference(kind: str, opt_kind: str, chunks: int = 1):
     return losses, state
 
 
+_COLLECTIVE = re.compile(
+    r"\b(all-reduce|all-to-all|all-gather|reduce-scatter|collective-permute)(?:-start)?\(")
+
+
+def _collectives_in_branches(hlo: str) -> set[str]:
+    """The collective ops that a compiled program's conditional branches (and the
+    computations they call) contain, from its HLO text."""
+    bodies, name = {}, None
+    for line in hlo.splitlines():
+        header = re.match(r"(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            name = header.group(1)
+            bodies[name] = []
+        elif name is not None:
+            bodies[name].append(line)
+    text = {k: "\n".join(v) for k, v in bodies.items()}
+    todo = [b.strip().lstrip("%") for body in text.values()
+            for group in re.findall(r"branch_computations=\{([^}]*)\}", body)
+            for b in group.split(",")]
+    todo += [c for body in text.values()
+             for c in re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", body)]
+    assert todo, "no conditional in the program: the check would check nothing"
+    seen, found = set(), set()
+    while todo:
+        computation = todo.pop()
+        if computation in seen or computation not in text:
+            continue
+        seen.add(computation)
+        found.update(_COLLECTIVE.findall(text[computation]))
+        todo.extend(re.findall(r"%([\w.\-]+)", text[computation]))
+    return found
+
+
 def _assert_same(losses, state, ref_losses, ref_state, *, skip=()):
     assert rel_err(losses, ref_losses) <= 1e-5, (losses, ref_losses)
     assert set(state) == set(ref_state)
@@ -201,6 +235,9 @@ def test_pipeline_trains_like_one_device(kind, opt_kind, layout):
     if kind != "cnn":  # one compile more per test: only where it adds something
         hlo = step.lower(*_data(kind, 1)[0]).compile().as_text()
         assert "collective-permute" in hlo  # activations move between stage devices
+        # Devices take different branches of the schedule's switches: a collective in
+        # a branch waits forever for the devices that took another (XLA aborts).
+        assert _collectives_in_branches(hlo) == set()
 
 
 def test_batchnorm_with_micro_batches_equals_calls_one_after_the_other():
