@@ -21,6 +21,7 @@ from helpers import batches, fresh_backend, mlp_apply, mlp_params
 from test_pipeline import (
     STEPS,
     _assert_same,
+    _collectives_in_branches,
     _data,
     _dense,
     _forward_error,
@@ -50,7 +51,8 @@ def _mlp8(pipelined: bool) -> cstorch.FunctionalModel:
 
 def _run(cluster: dict | None, model, opt_kind: str, data: list, *, chunks: int = 1):
     """Trains ``model`` on ``data`` as test_pipeline's ``_train`` does; returns the
-    losses and the final state. ``chunks``: the model is called on that many slices."""
+    losses, the final state and the step. ``chunks``: the model is called on that many
+    slices."""
     compiled = cstorch.compile(model, fresh_backend(cluster))
     if opt_kind == "sgd":
         optimizer = cstorch.optim.SGD(compiled.parameters(), lr=0.1, momentum=0.9)
@@ -66,7 +68,7 @@ def _run(cluster: dict | None, model, opt_kind: str, data: list, *, chunks: int 
         return loss
 
     losses = [float(training_step(x, y)) for x, y in data]
-    return np.array(losses), compiled.state_dict()
+    return np.array(losses), compiled.state_dict(), training_step
 
 
 @pytest.fixture(autouse=True)
@@ -138,9 +140,9 @@ def test_recording_is_off_outside_the_context():
 
 # ---- training equals one device ---------------------------------------------------------
 def test_circular_mlp_trains_like_one_device():
-    ref_losses, ref_state = _run(None, _mlp8(False), "sgd", batches(STEPS))
+    ref_losses, ref_state, _ = _run(None, _mlp8(False), "sgd", batches(STEPS))
     with recording_schedule() as records:
-        losses, state = _run(dict(CIRCULAR4), _mlp8(True), "sgd", batches(STEPS))
+        losses, state, _ = _run(dict(CIRCULAR4), _mlp8(True), "sgd", batches(STEPS))
     _assert_same(losses, state, ref_losses, ref_state)
     assert len(records) == STEPS  # the compiled step reports each time it runs
     _assert_valid_schedule(records[-1][0], 4, 2, 4)
@@ -151,8 +153,9 @@ def test_circular_gpt_trains_like_one_device(kind):
     """Ten layers (embeddings, blocks, a head tied to the embedding) in 8 virtual stages;
     with gates, 0-dim parameters that every stage device stores whole."""
     ref_losses, ref_state = _reference(kind, "adamw")
-    losses, state = _run(dict(CIRCULAR4), _model(kind, True), "adamw", _data(kind))
+    losses, state, step = _run(dict(CIRCULAR4), _model(kind, True), "adamw", _data(kind))
     _assert_same(losses, state, ref_losses, ref_state)
+    assert _collectives_in_branches(step.lower(*_data(kind, 1)[0]).compile().as_text()) == set()
 
 
 def _batchnorm_mlp():
@@ -172,8 +175,8 @@ def _batchnorm_mlp():
 
 def test_circular_batchnorm_in_both_chunks_equals_calls_one_after_the_other():
     """4 micro-batches: the reference calls the model on the 4 slices in order."""
-    ref_losses, ref_state = _run(None, _batchnorm_mlp(), "sgd", batches(STEPS), chunks=4)
-    losses, state = _run(dict(CIRCULAR4), _batchnorm_mlp(), "sgd", batches(STEPS))
+    ref_losses, ref_state, _ = _run(None, _batchnorm_mlp(), "sgd", batches(STEPS), chunks=4)
+    losses, state, _ = _run(dict(CIRCULAR4), _batchnorm_mlp(), "sgd", batches(STEPS))
     _assert_same(losses, state, ref_losses, ref_state)
     assert {"layers.1.mean", "layers.4.var"} <= set(state)
 
