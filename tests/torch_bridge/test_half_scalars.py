@@ -206,23 +206,16 @@ def _ulps(got, want, dtype):
     return np.abs(got - want) / np.maximum(spacing, np.finfo(np.float32).tiny)
 
 
-@pytest.mark.parametrize("name", ACTIVATIONS)
-@pytest.mark.parametrize("dtype", HALF)
-def test_half_activations_round_once_as_torchs_kernels(name, dtype):
-    """A half-precision activation computes in float32 and rounds once, as torch's CPU
-    kernels do (computed in the half dtype, 30-40% of a bf16 gelu's elements differed):
-    forward and gradient within one unit in the last place of torch's, and equal on all
-    but a few elements (float32 approximations of erf, exp and tanh differ in their last
-    bits, which can tip a rounding)."""
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(8192, generator=g).to(dtype).requires_grad_()
-    weight = torch.randn(8192, generator=g).to(dtype)
-    fn = ACTIVATIONS[name]
+def _unary_pass(fn, x, weight):
+    """``fn(x)`` and the gradient of ``sum(fn(x) * weight)`` in torch eager and through
+    the bridge: ``((bridge output, bridge gradient), (torch output, torch gradient))``,
+    each as float32 numpy arrays."""
 
     class M(torch.nn.Module):
         def forward(self, x):
             return fn(x)
 
+    x = x.detach().clone().requires_grad_()
     out = M()(x)
     (out * weight).sum().backward()
     converted = torch_bridge.convert(M(), (x.detach(),))
@@ -233,8 +226,23 @@ def test_half_activations_round_once_as_torchs_kernels(name, dtype):
         return jnp.sum((y * jweight).astype(jnp.float32)), y
 
     grad, got = jax.jit(jax.grad(loss, has_aux=True))(torch_bridge.to_jax(x.detach()))
-    for what, mine, theirs in (("output", got, out.detach()), ("gradient", grad, x.grad)):
-        mine, theirs = np.asarray(mine, np.float32), theirs.float().numpy()
+    return ((np.asarray(got, np.float32), np.asarray(grad, np.float32)),
+            (out.detach().float().numpy(), x.grad.float().numpy()))
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_activations_round_once_as_torchs_kernels(name, dtype):
+    """A half-precision activation computes in float32 and rounds once, as torch's CPU
+    kernels do (computed in the half dtype, 30-40% of a bf16 gelu's elements differed):
+    forward and gradient within one unit in the last place of torch's, and equal on all
+    but a few elements (float32 approximations of erf, exp and tanh differ in their last
+    bits, which can tip a rounding)."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(8192, generator=g).to(dtype)
+    weight = torch.randn(8192, generator=g).to(dtype)
+    mine_pair, theirs_pair = _unary_pass(ACTIVATIONS[name], x, weight)
+    for what, mine, theirs in zip(("output", "gradient"), mine_pair, theirs_pair):
         assert np.all(_ulps(mine, theirs, dtype) <= 1.0), what
         assert int((mine != theirs).sum()) <= 0.005 * mine.size, what
 
@@ -248,24 +256,8 @@ def test_half_integer_powers_give_torchs_bits(exponent, dtype):
     Where every product was rounded, 24-48% of the outputs differed. Output and gradient
     are equal."""
     g = torch.Generator().manual_seed(8)
-    x = (torch.randn(16384, generator=g) * 3).to(dtype).requires_grad_()
+    x = (torch.randn(16384, generator=g) * 3).to(dtype)
     weight = torch.randn(16384, generator=g).to(dtype)
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return x ** exponent
-
-    out = M()(x)
-    (out * weight).sum().backward()
-    converted = torch_bridge.convert(M(), (x.detach(),))
-    jweight = torch_bridge.to_jax(weight)
-
-    def loss(a):
-        y = converted.apply({}, {}, a)[0]
-        return jnp.sum((y * jweight).astype(jnp.float32)), y
-
-    grad, got = jax.jit(jax.grad(loss, has_aux=True))(torch_bridge.to_jax(x.detach()))
-    got, want = np.asarray(got, np.float32), out.detach().float().numpy()
-    assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
-    mine, theirs = np.asarray(grad, np.float32), x.grad.float().numpy()
-    assert np.array_equal(mine, theirs, equal_nan=True)
+    (got, grad), (want, want_grad) = _unary_pass(lambda v: v ** exponent, x, weight)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(grad, want_grad, equal_nan=True)
